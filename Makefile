@@ -1,0 +1,57 @@
+# The one task runner, for people and CI alike. `make help` lists the targets.
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+MAKEFLAGS += --no-print-directory
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+# Point at the devstack unless the caller already points at other services.
+USE_ENV := if [ -z "$${MATCHER_KAFKA_BOOTSTRAP_SERVERS:-}" ] || [ -z "$${MATCHER_DATABASE_URL:-}" ]; then \
+	$(BIN)/matcher devstack up && eval "$$($(BIN)/matcher devstack env)"; fi
+
+.PHONY: help install up down status migrate run lint test test-fast clean
+
+help: ## List the targets.
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "matcher needs Python 3.11 or newer (set PYTHON=...)")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(STAMP) ## Create the virtualenv and install matcher with its test tools.
+
+up: install ## Start the local Kafka and Postgres (idempotent).
+	$(BIN)/matcher devstack up
+
+down: install ## Stop the local Kafka and Postgres (data kept).
+	$(BIN)/matcher devstack down
+
+status: install ## Show the local stack.
+	$(BIN)/matcher devstack status
+
+migrate: install ## Apply migrations and create topics (on the devstack unless MATCHER_* say otherwise).
+	$(USE_ENV); $(BIN)/matcher migrate
+
+run: install ## Run the daemon in the foreground on the local stack; Ctrl-C stops it.
+	$(USE_ENV); $(BIN)/matcher migrate && exec $(BIN)/matcher run
+
+lint: install ## Lint, format check, strict type check, import contracts.
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy matcher tests
+	$(BIN)/lint-imports
+
+test: lint ## Lint, then every test against real Kafka and Postgres.
+	$(USE_ENV); $(BIN)/pytest
+
+test-fast: install ## Only the unit tests (no services).
+	$(BIN)/pytest tests/unit
+
+clean: ## Remove the virtualenv and caches (the devstack's data stays; see `matcher devstack up --fresh`).
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

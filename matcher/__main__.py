@@ -1,0 +1,3 @@
+from matcher.cli import main
+
+main()

@@ -1,0 +1,167 @@
+"""Configuration: every setting is a ``MATCHER_*`` environment variable, validated at start.
+
+A bad configuration fails before anything connects anywhere, with one line per problem
+that names the variable, what is wrong, and (for non-secret values) what was given.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Self
+from urllib.parse import urlsplit
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "MATCHER_"
+
+# Kafka topic names: the broker's own rule (legal characters, at most 249 of them).
+_TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_HOST_PORT_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(\d{1,5})$")
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+class ConfigError(Exception):
+    """Raised with one human-readable line per bad setting."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+class Settings(BaseSettings):
+    """The daemon's and the CLI's settings. Field ``foo`` is read from ``MATCHER_FOO``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="ignore",
+        validate_default=True,
+    )
+
+    # Where the services are.
+    kafka_bootstrap_servers: str = Field(
+        description="Comma-separated host:port list of Kafka brokers.",
+    )
+    database_url: SecretStr = Field(
+        description="libpq connection URI of the Postgres database (postgresql://...).",
+    )
+
+    # Kafka security passes straight through to the clients.
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = None
+    kafka_ssl_cafile: str | None = None
+    kafka_ssl_certfile: str | None = None
+    kafka_ssl_keyfile: str | None = None
+
+    # Topics and the consumer group.
+    events_topic: str = "matcher.events"
+    resume_topic: str = "matcher.resumes"
+    topic_partitions: int = Field(default=6, ge=1, le=10_000)
+    # Unset: three replicas, or one per broker on a cluster with fewer than three.
+    topic_replication_factor: int | None = Field(default=None, ge=1, le=32)
+    consumer_group: str = Field(default="matcher", min_length=1)
+
+    # Postgres pool.
+    db_pool_min_size: int = Field(default=2, ge=1)
+    db_pool_max_size: int = Field(default=8, ge=1)
+
+    # Logging.
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["text", "json"] = "text"
+
+    # How long startup waits for Kafka and Postgres before giving up, in seconds.
+    startup_timeout_s: float = Field(default=30.0, gt=0)
+
+    @field_validator("log_level", "kafka_security_protocol", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("kafka_bootstrap_servers")
+    @classmethod
+    def _check_bootstrap(cls, value: str) -> str:
+        servers = [s.strip() for s in value.split(",") if s.strip()]
+        if not servers:
+            raise ValueError("must list at least one host:port")
+        for server in servers:
+            match = _HOST_PORT_RE.match(server)
+            if match is None or not 1 <= int(match.group(2)) <= 65535:
+                raise ValueError(f"each entry must be host:port, and {server!r} is not")
+        return ",".join(servers)
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_database_url(cls, value: SecretStr) -> SecretStr:
+        parts = urlsplit(value.get_secret_value())
+        if parts.scheme not in ("postgresql", "postgres"):
+            raise ValueError("must be a postgresql:// URI")
+        return value
+
+    @field_validator("events_topic", "resume_topic")
+    @classmethod
+    def _check_topic(cls, value: str) -> str:
+        if not _TOPIC_RE.match(value) or value in (".", ".."):
+            raise ValueError("a Kafka topic name is 1-249 of the characters A-Z a-z 0-9 . _ -")
+        return value
+
+    @model_validator(mode="after")
+    def _check_relations(self) -> Self:
+        if self.events_topic == self.resume_topic:
+            raise ValueError(
+                "MATCHER_EVENTS_TOPIC and MATCHER_RESUME_TOPIC must be different topics"
+            )
+        if self.db_pool_min_size > self.db_pool_max_size:
+            raise ValueError("MATCHER_DB_POOL_MIN_SIZE must not exceed MATCHER_DB_POOL_MAX_SIZE")
+        if self.kafka_security_protocol.startswith("SASL_") and self.kafka_sasl_mechanism is None:
+            raise ValueError("MATCHER_KAFKA_SASL_MECHANISM is required with a SASL_* protocol")
+        return self
+
+    def kafka_client_options(self) -> dict[str, Any]:
+        """Keyword arguments every aiokafka client gets (servers and security)."""
+        options: dict[str, Any] = {
+            "bootstrap_servers": self.kafka_bootstrap_servers,
+            "security_protocol": self.kafka_security_protocol,
+        }
+        if self.kafka_security_protocol in ("SSL", "SASL_SSL"):
+            from aiokafka.helpers import create_ssl_context
+
+            options["ssl_context"] = create_ssl_context(
+                cafile=self.kafka_ssl_cafile,
+                certfile=self.kafka_ssl_certfile,
+                keyfile=self.kafka_ssl_keyfile,
+            )
+        if self.kafka_sasl_mechanism is not None:
+            options["sasl_mechanism"] = self.kafka_sasl_mechanism
+            options["sasl_plain_username"] = self.kafka_sasl_username
+            if self.kafka_sasl_password is not None:
+                options["sasl_plain_password"] = self.kafka_sasl_password.get_secret_value()
+        return options
+
+
+def _describe(error: Any) -> str:
+    """One line for one pydantic error: the variable, the problem, and the given value."""
+    loc = [str(part) for part in error.get("loc", ()) if part != "__root__"]
+    message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+    if not loc:
+        return message
+    field = loc[0]
+    variable = ENV_PREFIX + field.upper()
+    if error.get("type") == "missing":
+        return f"{variable}: required, not set"
+    given = error.get("input")
+    secret = "password" in field or "url" in field or "secret" in field
+    if given is None or secret or isinstance(given, dict):
+        return f"{variable}: {message}"
+    return f"{variable}: {message} (got {str(given)!r})"
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read the settings from the environment; raise ConfigError listing every problem."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise ConfigError([_describe(e) for e in exc.errors()]) from None

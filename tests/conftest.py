@@ -1,0 +1,175 @@
+"""Fixtures: real Kafka and Postgres, and fresh state for every test.
+
+Where the services come from, in order:
+1. ``MATCHER_KAFKA_BOOTSTRAP_SERVERS`` and ``MATCHER_DATABASE_URL``, when both are set;
+2. testcontainers, when a Docker engine answers;
+3. the project's devstack (started if it is not running).
+
+Each test gets its own database, cloned from a migrated template (fast: a file copy),
+and its own topic names, so tests cannot see each other's rows or messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from matcher.config import Settings
+from matcher.kafka.topics import ensure_topics
+from matcher.store.migrate import migrate
+
+
+@dataclass(frozen=True)
+class Services:
+    kafka_bootstrap_servers: str
+    database_url: str  # an existing database whose server lets us CREATE DATABASE
+
+
+def with_database(url: str, name: str) -> str:
+    """The same server URL, pointing at another database."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + name))
+
+
+def _docker_answers() -> bool:
+    docker = shutil.which("docker")
+    if docker is None:
+        return False
+    try:
+        probe = subprocess.run(
+            [docker, "info", "--format", "{{.ServerVersion}}"],
+            capture_output=True,
+            timeout=10,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return False
+    return probe.returncode == 0
+
+
+@pytest.fixture(scope="session")
+def services() -> Iterator[Services]:
+    kafka = os.environ.get("MATCHER_KAFKA_BOOTSTRAP_SERVERS")
+    database = os.environ.get("MATCHER_DATABASE_URL")
+    if kafka and database:
+        yield Services(kafka, database)
+        return
+    if _docker_answers():
+        from testcontainers.kafka import KafkaContainer
+        from testcontainers.postgres import PostgresContainer
+
+        with (
+            KafkaContainer("apache/kafka:4.1.1").with_kraft() as kafka_container,
+            PostgresContainer("postgres:15", driver=None) as pg_container,
+        ):
+            yield Services(
+                kafka_container.get_bootstrap_server(), pg_container.get_connection_url()
+            )
+        return
+    from matcher.devstack.stack import Devstack
+
+    stack = Devstack()
+    stack.up()
+    env = stack.env()
+    yield Services(env["MATCHER_KAFKA_BOOTSTRAP_SERVERS"], env["MATCHER_DATABASE_URL"])
+
+
+def _admin_sql(services: Services, statement: sql.Composed) -> None:
+    with psycopg.connect(services.database_url, autocommit=True) as conn:
+        conn.execute(statement)
+
+
+def _create_db(services: Services, name: str, template: str | None = None) -> None:
+    if template is None:
+        _admin_sql(services, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    else:
+        _admin_sql(
+            services,
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(template)
+            ),
+        )
+
+
+def _drop_db(services: Services, name: str) -> None:
+    _admin_sql(
+        services, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+    )
+
+
+@pytest.fixture(scope="session")
+def template_db(services: Services) -> Iterator[str]:
+    """A database with every migration applied, cloned for each test."""
+    name = f"matcher_tpl_{uuid.uuid4().hex[:12]}"
+    _create_db(services, name)
+    try:
+        migrate(with_database(services.database_url, name))
+        yield name
+    finally:
+        _drop_db(services, name)
+
+
+@pytest.fixture
+def empty_db(services: Services) -> Iterator[str]:
+    """The URL of a new, empty database (no migrations applied)."""
+    name = f"matcher_t_{uuid.uuid4().hex[:12]}"
+    _create_db(services, name)
+    try:
+        yield with_database(services.database_url, name)
+    finally:
+        _drop_db(services, name)
+
+
+@pytest.fixture
+def db_url(services: Services, template_db: str) -> Iterator[str]:
+    """The URL of a fresh, fully migrated database of this test's own."""
+    name = f"matcher_t_{uuid.uuid4().hex[:12]}"
+    _create_db(services, name, template=template_db)
+    try:
+        yield with_database(services.database_url, name)
+    finally:
+        _drop_db(services, name)
+
+
+@pytest.fixture
+def settings(services: Services, db_url: str) -> Settings:
+    """Settings for this test: its own database and its own, already created, topics."""
+    suffix = uuid.uuid4().hex[:10]
+    result = Settings(
+        kafka_bootstrap_servers=services.kafka_bootstrap_servers,
+        database_url=db_url,
+        events_topic=f"test.{suffix}.events",
+        resume_topic=f"test.{suffix}.resumes",
+        consumer_group=f"test.{suffix}",
+    )
+    asyncio.run(
+        ensure_topics(
+            result.kafka_client_options(),
+            [result.events_topic, result.resume_topic],
+            partitions=result.topic_partitions,
+        )
+    )
+    return result
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The environment a subprocess needs to use these settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MATCHER_")}
+    env.update(
+        MATCHER_KAFKA_BOOTSTRAP_SERVERS=settings.kafka_bootstrap_servers,
+        MATCHER_DATABASE_URL=settings.database_url.get_secret_value(),
+        MATCHER_EVENTS_TOPIC=settings.events_topic,
+        MATCHER_RESUME_TOPIC=settings.resume_topic,
+        MATCHER_CONSUMER_GROUP=settings.consumer_group,
+    )
+    return env
