@@ -7,7 +7,8 @@ import json
 import shlex
 import sys
 import time
-from typing import Annotated, NoReturn
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -30,6 +31,12 @@ devstack_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(devstack_app, name="devstack")
+waits_app = typer.Typer(help="Register, list and cancel waits.", no_args_is_help=True)
+app.add_typer(waits_app, name="waits")
+events_app = typer.Typer(help="Look at the event inbox.", no_args_is_help=True)
+app.add_typer(events_app, name="events")
+resumes_app = typer.Typer(help="Read the resume topic.", no_args_is_help=True)
+app.add_typer(resumes_app, name="resumes")
 
 err = Console(stderr=True)
 out = Console()
@@ -57,7 +64,7 @@ def _configure_logging(settings: Settings) -> None:
 @app.command()
 def run() -> None:
     """Run the daemon in the foreground until SIGTERM or Ctrl-C (then exit 0)."""
-    from matcher.daemon.app import StartupError
+    from matcher.daemon.app import LoopFailed, StartupError
     from matcher.daemon.app import run as run_daemon
 
     settings = _settings()
@@ -66,6 +73,8 @@ def run() -> None:
         asyncio.run(run_daemon(settings))
     except StartupError as exc:
         _fail([f"matcher: cannot start: {exc}"])
+    except LoopFailed as exc:
+        _fail([f"matcher: stopped because a loop failed: {exc}"])
 
 
 @app.command()
@@ -181,6 +190,251 @@ def devstack_env(
     else:
         for key, value in variables.items():
             print(f"export {key}={shlex.quote(value)}")
+
+
+def _connect(settings: Settings) -> Any:
+    import psycopg
+
+    try:
+        return psycopg.connect(settings.database_url.get_secret_value(), autocommit=True)
+    except psycopg.OperationalError as exc:
+        _fail([f"matcher: cannot reach Postgres: {' '.join(str(exc).split())}"])
+
+
+def _parse_deadline(text: str) -> datetime:
+    try:
+        return datetime.now(UTC) + timedelta(seconds=float(text))
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        _fail([f"matcher: --deadline {text!r} is neither seconds nor an ISO-8601 time"], code=2)
+    if moment.tzinfo is None:
+        _fail([f"matcher: --deadline {text!r} needs a timezone, e.g. {text}Z"], code=2)
+    return moment
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, default=str))
+
+
+@waits_app.command("add")
+def waits_add(
+    tenant: Annotated[str, typer.Option(help="Tenant the wait belongs to.")],
+    run: Annotated[str, typer.Option(help="Run id.")],
+    position: Annotated[int, typer.Option(help="The run's position this wait is for.")],
+    event_type: Annotated[
+        list[str], typer.Option("--type", help="An accepted event type; repeat for several.")
+    ],
+    correlation: Annotated[str, typer.Option(help="Correlation id the event will carry.")],
+    deadline: Annotated[
+        str | None,
+        typer.Option(help="Seconds from now, or an ISO-8601 time with a timezone."),
+    ] = None,
+    job_id: Annotated[str | None, typer.Option(help="External job id, if known.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Register a wait. If a matching event already arrived, it resolves at once."""
+    from pydantic import ValidationError
+
+    from matcher.domain.waits import WaitSpec
+    from matcher.store.waits import register_wait
+
+    try:
+        spec = WaitSpec(
+            tenant=tenant,
+            run_id=run,
+            position=position,
+            event_types=event_type,
+            correlation_id=correlation,
+            deadline=_parse_deadline(deadline) if deadline is not None else None,
+            external_job_id=job_id,
+        )
+    except ValidationError as exc:
+        _fail([f"matcher: {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()], 2)
+    with _connect(_settings()) as conn:
+        wait = register_wait(conn, spec)
+    if as_json:
+        _print_json(wait.model_dump(mode="json"))
+    else:
+        out.print(f"wait {wait.id} {wait.state.value}")
+
+
+@waits_app.command("list")
+def waits_list(
+    tenant: Annotated[str | None, typer.Option(help="Only this tenant.")] = None,
+    state: Annotated[
+        str | None, typer.Option(help="waiting, matched, timed_out or cancelled.")
+    ] = None,
+    run: Annotated[str | None, typer.Option(help="Only this run id.")] = None,
+    correlation: Annotated[str | None, typer.Option(help="Only this correlation id.")] = None,
+    job_id: Annotated[str | None, typer.Option(help="Only this external job id.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 100,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.")] = False,
+) -> None:
+    """List waits, newest first."""
+    from matcher.store.waits import list_waits
+
+    with _connect(_settings()) as conn:
+        waits = list_waits(
+            conn,
+            tenant=tenant,
+            state=state,
+            run_id=run,
+            correlation_id=correlation,
+            external_job_id=job_id,
+            limit=limit,
+        )
+    if as_json:
+        _print_json([w.model_dump(mode="json") for w in waits])
+        return
+    table = Table("id", "tenant", "run", "pos", "types", "correlation", "state", "created")
+    for w in waits:
+        table.add_row(
+            str(w.id),
+            w.tenant,
+            w.run_id,
+            str(w.position),
+            ",".join(w.event_types),
+            w.correlation_id,
+            w.state.value,
+            w.created_at.isoformat(timespec="seconds"),
+        )
+    out.print(table)
+
+
+@waits_app.command("cancel")
+def waits_cancel(wait_id: Annotated[str, typer.Argument(help="The wait's id.")]) -> None:
+    """Cancel a waiting wait (a resume with outcome `cancelled` is published)."""
+    from matcher.store.waits import cancel_wait, get_wait
+
+    with _connect(_settings()) as conn:
+        try:
+            wait = get_wait(conn, wait_id)
+        except Exception:
+            wait = None
+        if wait is None:
+            _fail([f"matcher: no wait {wait_id}"])
+        if not cancel_wait(conn, wait.id):
+            _fail([f"matcher: wait {wait_id} is already {wait.state.value}"])
+    out.print(f"wait {wait_id} cancelled")
+
+
+@events_app.command("list")
+def events_list(
+    tenant: Annotated[str | None, typer.Option(help="Only this tenant.")] = None,
+    correlation: Annotated[str | None, typer.Option(help="Only this correlation id.")] = None,
+    status: Annotated[str | None, typer.Option(help="pending, consumed, late or expired.")] = None,
+    job_id: Annotated[str | None, typer.Option(help="Only this external job id.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 100,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.")] = False,
+) -> None:
+    """List stored events, newest first."""
+    from psycopg.rows import dict_row
+
+    from matcher.store.sql import query
+
+    params = {
+        "tenant": tenant,
+        "correlation_id": correlation,
+        "status": status,
+        "external_job_id": job_id,
+        "limit": limit,
+    }
+    with _connect(_settings()) as conn, conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(query("waits", "list_events"), params).fetchall()
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table("source", "id", "tenant", "type", "correlation", "status", "received", "at")
+    for r in rows:
+        table.add_row(
+            r["producer"],
+            r["event_id"],
+            r["tenant"],
+            r["type"],
+            r["correlation_id"],
+            r["status"],
+            r["received_at"].isoformat(timespec="seconds"),
+            f"{r['kafka_partition']}@{r['kafka_offset']}",
+        )
+    out.print(table)
+
+
+@resumes_app.command("tail")
+def resumes_tail(
+    from_beginning: Annotated[
+        bool, typer.Option(help="Start at the oldest resume, not at the newest.")
+    ] = False,
+    max_count: Annotated[
+        int | None, typer.Option("--max", help="Stop after this many resumes.")
+    ] = None,
+    timeout: Annotated[float | None, typer.Option(help="Stop after this many seconds.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+) -> None:
+    """Print resumes as they are published: one line each (the resume's data)."""
+    from matcher.kafka.resumes import tail
+
+    settings = _settings()
+
+    def show(data: dict[str, Any]) -> None:
+        if as_json:
+            print(json.dumps(data), flush=True)
+        else:
+            event = data.get("event") or {}
+            what = f"{event.get('source')}/{event.get('id')}" if event else "-"
+            print(
+                f"{data['tenant']} run={data['run_id']} pos={data['position']} "
+                f"{data['outcome']} event={what} resolution={data['resolution_id']}",
+                flush=True,
+            )
+
+    asyncio.run(tail(settings, show, from_beginning, max_count, timeout))
+
+
+@app.command()
+def emit(
+    tenant: Annotated[str, typer.Option(help="The tenant the event is for.")],
+    event_type: Annotated[str, typer.Option("--type", help="Event type, e.g. job.completed.")],
+    correlation: Annotated[str, typer.Option(help="Correlation id of the wait.")],
+    event_id: Annotated[
+        str | None, typer.Option("--id", help="Event id (default: a new UUID).")
+    ] = None,
+    source: Annotated[str, typer.Option(help="Producer (CloudEvents source).")] = "matcher-cli",
+    data: Annotated[str | None, typer.Option(help="Payload, as JSON.")] = None,
+    job_id: Annotated[str | None, typer.Option(help="External job id.")] = None,
+    structured: Annotated[
+        bool, typer.Option(help="Structured mode (whole event in the value), not binary.")
+    ] = False,
+) -> None:
+    """Publish one completion event by hand (a CloudEvent on the events topic)."""
+    import uuid
+
+    from pydantic import ValidationError
+
+    from matcher.domain.events import CompletionEvent
+    from matcher.kafka.resumes import publish_event
+
+    settings = _settings()
+    try:
+        payload = json.loads(data) if data is not None else None
+    except ValueError as exc:
+        _fail([f"matcher: --data is not JSON: {exc}"], code=2)
+    try:
+        event = CompletionEvent(
+            id=event_id or str(uuid.uuid4()),
+            source=source,
+            type=event_type,
+            tenant=tenant,
+            correlationid=correlation,
+            jobid=job_id,
+            data=payload,
+        )
+    except ValidationError as exc:
+        _fail([f"matcher: {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()], 2)
+    asyncio.run(publish_event(settings, event, structured=structured))
+    out.print(f"emitted {event.source}/{event.id} to {settings.events_topic}")
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ that names the variable, what is wrong, and (for non-secret values) what was giv
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from typing import Annotated, Any, Literal, Self
 from urllib.parse import urlsplit
 
@@ -68,6 +69,29 @@ class Settings(BaseSettings):
     # Postgres pool.
     db_pool_min_size: int = Field(default=2, ge=1)
     db_pool_max_size: int = Field(default=8, ge=1)
+
+    # Ingest: records per batch (one transaction each) and how long a poll waits for them.
+    ingest_batch_max: int = Field(default=500, ge=1, le=100_000)
+    ingest_poll_timeout_ms: int = Field(default=200, ge=1)
+    ingest_max_poll_interval_ms: int = Field(default=300_000, ge=1000)
+
+    # Relay: resumes per batch, producer linger, and the safety-net poll behind NOTIFY.
+    relay_batch_max: int = Field(default=500, ge=1, le=100_000)
+    relay_linger_ms: int = Field(default=2, ge=0)
+    relay_poll_interval_s: float = Field(default=1.0, gt=0)
+
+    # Deadline sweeper.
+    sweep_interval_s: float = Field(default=1.0, gt=0)
+    sweep_batch_max: int = Field(default=1000, ge=1)
+
+    # Inbox retention: pending events expire after `inbox_retention`; every event is purged
+    # `inbox_purge_after` later. Their sum is the window in which duplicates are recognised.
+    inbox_retention: timedelta = Field(default=timedelta(days=7), gt=timedelta(0))
+    inbox_purge_after: timedelta = Field(default=timedelta(days=7), ge=timedelta(0))
+    janitor_interval_s: float = Field(default=60.0, gt=0)
+
+    # How long SIGTERM waits for the loops to finish their batches before giving up.
+    shutdown_timeout_s: float = Field(default=30.0, gt=0)
 
     # Logging.
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

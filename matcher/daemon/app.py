@@ -1,4 +1,10 @@
-"""The daemon process: connect to Postgres and Kafka, run until SIGTERM or SIGINT."""
+"""The daemon process: ingest, relay, sweeper and janitor in one asyncio process.
+
+SIGTERM or SIGINT sets the stop event: ingest finishes and commits its batch and leaves
+the consumer group, the relay publishes what is committed, and the process exits 0.
+A loop that dies unexpectedly stops the others too and the process exits non-zero, so
+its supervisor restarts it rather than leaving it half-working.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +16,20 @@ from aiokafka.admin import AIOKafkaAdminClient
 from psycopg_pool import AsyncConnectionPool
 
 from matcher.config import Settings
+from matcher.daemon.ingest import Ingest
+from matcher.daemon.janitor import Janitor
+from matcher.daemon.relay import Relay
+from matcher.daemon.sweeper import Sweeper
 
 log = logging.getLogger("matcher.daemon")
 
 
 class StartupError(Exception):
     """A dependency could not be reached at start; the message says which and why."""
+
+
+class LoopFailed(Exception):
+    """A loop of the daemon died; the daemon stopped the others."""
 
 
 async def _check_kafka(settings: Settings) -> list[str]:
@@ -49,6 +63,24 @@ async def _open_pool(settings: Settings) -> AsyncConnectionPool:
     return pool
 
 
+async def _supervise(stop: asyncio.Event, tasks: list[asyncio.Task[None]], grace: float) -> None:
+    """Wait for a stop request or a loop's end; then stop all loops, cancelling laggards."""
+    stop_waiter = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([stop_waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    stop.set()
+    stop_waiter.cancel()
+    _, pending = await asyncio.wait(tasks, timeout=grace)
+    for task in pending:
+        log.error("loop did not stop in time; cancelling", extra={"loop": task.get_name()})
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    failed = [t for t in tasks if not t.cancelled() and t.exception() is not None]
+    for task in failed:
+        log.error("loop failed", extra={"loop": task.get_name()}, exc_info=task.exception())
+    if failed:
+        raise LoopFailed(", ".join(t.get_name() for t in failed))
+
+
 async def run(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """Run until ``stop`` is set or the process receives SIGTERM/SIGINT."""
     stop = stop or asyncio.Event()
@@ -63,15 +95,26 @@ async def run(settings: Settings, stop: asyncio.Event | None = None) -> None:
                 raise StartupError(
                     f"topics {', '.join(missing)} do not exist: run `matcher migrate` first"
                 )
+            relay = Relay(settings, pool, stop)
+            ingest = Ingest(settings, pool, stop, on_resolved=relay.nudge)
+            sweeper = Sweeper(settings, pool, stop, on_resolved=relay.nudge)
+            janitor = Janitor(settings, pool, stop)
+            tasks = [
+                asyncio.create_task(ingest.run(), name="ingest"),
+                asyncio.create_task(relay.run(), name="relay"),
+                asyncio.create_task(sweeper.run(), name="sweeper"),
+                asyncio.create_task(janitor.run(), name="janitor"),
+            ]
             log.info(
                 "matcher ready",
                 extra={
                     "kafka": settings.kafka_bootstrap_servers,
                     "events_topic": settings.events_topic,
                     "resume_topic": settings.resume_topic,
+                    "group": settings.consumer_group,
                 },
             )
-            await stop.wait()
+            await _supervise(stop, tasks, settings.shutdown_timeout_s)
             log.info("stopping")
         finally:
             await pool.close()

@@ -1,0 +1,47 @@
+"""The worker SDK: what an agent worker imports to wait durably and resume exactly once.
+
+    from matcher.sdk import WaitSpec, register_wait, parse_resume, advance
+
+    with psycopg.connect(url) as conn, conn.transaction():
+        save_my_run_state(conn, ...)
+        register_wait(conn, WaitSpec(tenant="acme", run_id="r1", position=3,
+                                     event_types=["job.completed", "job.failed"],
+                                     correlation_id=correlation_id))
+    # ... the worker goes away; later, any worker reads the resume topic:
+    resume = parse_resume(message.value)
+    with psycopg.connect(url) as conn:
+        if advance(conn, resume):        # True once per resolution, whatever the redeliveries
+            continue_run(resume)         # resume.event says which event resolved the wait
+
+Importing it starts nothing: no daemon, no Kafka client.
+"""
+
+from matcher.domain.resume import ResumeData, ResumeEvent
+from matcher.domain.waits import Outcome, Wait, WaitSpec, WaitState
+from matcher.sdk.resumes import parse_resume
+from matcher.store.waits import (
+    advance,
+    advance_async,
+    cancel_wait,
+    get_wait,
+    list_waits,
+    register_wait,
+    register_wait_async,
+)
+
+__all__ = [
+    "Outcome",
+    "ResumeData",
+    "ResumeEvent",
+    "Wait",
+    "WaitSpec",
+    "WaitState",
+    "advance",
+    "advance_async",
+    "cancel_wait",
+    "get_wait",
+    "list_waits",
+    "parse_resume",
+    "register_wait",
+    "register_wait_async",
+]

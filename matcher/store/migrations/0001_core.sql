@@ -1,3 +1,10 @@
+-- The lock that serialises everything touching one (tenant, correlation id): registration
+-- and ingest both take it first, so neither can miss the other (invariant 2). A hash
+-- collision between two keys only makes them wait for each other; it never breaks a match.
+CREATE FUNCTION matcher.wait_key(tenant text, correlation_id text) RETURNS bigint
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    RETURN hashtextextended(tenant || chr(31) || correlation_id, 0);
+
 -- The core tables: waits, the event inbox, the resume outbox, runs, and quarantine.
 -- Everything lives in the `matcher` schema so that the tables can share an application's
 -- own database (the worker SDK registers waits inside the application's transaction).
@@ -22,8 +29,9 @@ CREATE TABLE matcher.waits (
     version         integer     NOT NULL DEFAULT 0,
     CHECK ((state = 'waiting') = (resolved_at IS NULL))
 );
--- Match lookup: the waiting waits of one (tenant, correlation id).
-CREATE INDEX waits_match ON matcher.waits (tenant, correlation_id) WHERE state = 'waiting';
+-- Match lookup: the waits of one (tenant, correlation id). Not only the waiting ones:
+-- ingest also needs the timed-out and cancelled ones to recognise a late event.
+CREATE INDEX waits_match ON matcher.waits (tenant, correlation_id);
 -- Deadline sweep: the earliest deadlines of waiting waits.
 CREATE INDEX waits_deadline ON matcher.waits (deadline) WHERE state = 'waiting' AND deadline IS NOT NULL;
 CREATE INDEX waits_by_run ON matcher.waits (tenant, run_id, position);
@@ -53,19 +61,23 @@ CREATE TABLE matcher.inbox (
 -- Registration looks for pending events of one (tenant, correlation id), oldest first.
 CREATE INDEX inbox_pending_match ON matcher.inbox (tenant, correlation_id, received_at)
     WHERE status = 'pending';
--- Retention and the oldest-pending gauge.
+-- Expiry and the oldest-pending gauge.
 CREATE INDEX inbox_pending_age ON matcher.inbox (received_at) WHERE status = 'pending';
+-- Purge, oldest first, whatever the status.
+CREATE INDEX inbox_received ON matcher.inbox (received_at);
 CREATE INDEX inbox_by_correlation ON matcher.inbox (correlation_id);
 CREATE INDEX inbox_by_job ON matcher.inbox (external_job_id) WHERE external_job_id IS NOT NULL;
 
+-- A resolution waiting to be published. The resume message itself is built by the relay
+-- from the wait and its event, so it is defined once, not in every path that resolves.
 CREATE TABLE matcher.outbox (
     id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    resolution_id   uuid        NOT NULL UNIQUE,
+    resolution_id   uuid        NOT NULL UNIQUE DEFAULT gen_random_uuid(),
     -- One resolution per wait, enforced by the database as well as by the conditional update.
     wait_id         uuid        NOT NULL UNIQUE REFERENCES matcher.waits (id),
     tenant          text        NOT NULL,
     run_id          text        NOT NULL,
-    payload         jsonb       NOT NULL,
+    outcome         text        NOT NULL CHECK (outcome IN ('event', 'timeout', 'cancelled')),
     created_at      timestamptz NOT NULL DEFAULT now(),
     published_at    timestamptz
 );

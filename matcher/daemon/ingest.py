@@ -1,0 +1,199 @@
+"""The ingest loop: Kafka batch in, one Postgres transaction, then the batch's offsets.
+
+Order is everything here (invariant 1): an offset is committed only after the batch it
+covers is committed to Postgres. A crash anywhere re-reads the batch, and the inbox key
+(producer, event id) turns the re-read into duplicates that change nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import psycopg
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import CommitFailedError, KafkaError
+from aiokafka.structs import OffsetAndMetadata
+from psycopg_pool import AsyncConnectionPool
+
+from matcher.config import Settings
+from matcher.daemon.faults import crash_point
+from matcher.domain.events import Rejection
+from matcher.kafka.binding import parse_record
+from matcher.store.ingest import BatchResult, ConcurrentInsert, IngestRecord, store_batch
+
+log = logging.getLogger("matcher.ingest")
+
+# Worth retrying the same batch: the database or the network, not the data.
+_TRANSIENT = (
+    psycopg.OperationalError,
+    psycopg.errors.SerializationFailure,
+    psycopg.errors.DeadlockDetected,
+    psycopg.errors.LockNotAvailable,
+    ConcurrentInsert,
+)
+# The data itself was refused: find the record by splitting the batch, quarantine it.
+_DATA_REFUSED = (psycopg.DataError, psycopg.IntegrityError)
+
+
+class _Revocations(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Before partitions go to another member, let the batch in flight finish and commit."""
+
+    def __init__(self, batch_lock: asyncio.Lock) -> None:
+        self._batch_lock = batch_lock
+
+    async def on_partitions_revoked(self, revoked: Sequence[TopicPartition]) -> None:
+        async with self._batch_lock:
+            log.info("partitions revoked", extra={"partitions": _names(revoked)})
+
+    async def on_partitions_assigned(self, assigned: Sequence[TopicPartition]) -> None:
+        log.info("partitions assigned", extra={"partitions": _names(assigned)})
+
+
+def _names(partitions: Sequence[TopicPartition]) -> str:
+    return ",".join(f"{tp.topic}:{tp.partition}" for tp in sorted(partitions))
+
+
+def to_ingest_records(batch: dict[TopicPartition, list[Any]]) -> list[IngestRecord]:
+    records: list[IngestRecord] = []
+    for tp, messages in batch.items():
+        for m in messages:
+            headers = list(m.headers or ())
+            records.append(
+                IngestRecord(
+                    topic=tp.topic,
+                    partition=tp.partition,
+                    offset=m.offset,
+                    key=m.key,
+                    value=m.value,
+                    headers=headers,
+                    parsed=parse_record(headers, m.key, m.value),
+                )
+            )
+    return records
+
+
+class Ingest:
+    def __init__(
+        self,
+        settings: Settings,
+        pool: AsyncConnectionPool,
+        stop: asyncio.Event,
+        on_resolved: Callable[[], None],
+    ) -> None:
+        self._settings = settings
+        self._pool = pool
+        self._stop = stop
+        self._on_resolved = on_resolved
+        self._batch_lock = asyncio.Lock()
+        self.consumer: AIOKafkaConsumer | None = None
+
+    async def run(self) -> None:
+        s = self._settings
+        consumer = AIOKafkaConsumer(
+            **s.kafka_client_options(),
+            group_id=s.consumer_group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            max_poll_records=s.ingest_batch_max,
+            max_poll_interval_ms=s.ingest_max_poll_interval_ms,
+        )
+        consumer.subscribe([s.events_topic], listener=_Revocations(self._batch_lock))
+        self.consumer = consumer
+        await consumer.start()
+        try:
+            while not self._stop.is_set():
+                batch = await consumer.getmany(
+                    timeout_ms=s.ingest_poll_timeout_ms, max_records=s.ingest_batch_max
+                )
+                if batch:
+                    async with self._batch_lock:
+                        await self._handle(consumer, batch)
+        finally:
+            # Leaves the group at once, so the partitions move without a session timeout.
+            await consumer.stop()
+            log.info("ingest stopped")
+
+    async def _handle(
+        self, consumer: AIOKafkaConsumer, batch: dict[TopicPartition, list[Any]]
+    ) -> None:
+        records = to_ingest_records(batch)
+        result = await self._store(records)
+        crash_point("ingest.after_db_commit")
+        if result.matched:
+            self._on_resolved()
+        log.debug("batch stored", extra=result.__dict__)
+        assigned = consumer.assignment()
+        offsets = {
+            tp: OffsetAndMetadata(messages[-1].offset + 1, "")
+            for tp, messages in batch.items()
+            if tp in assigned and messages
+        }
+        if not offsets:
+            return
+        try:
+            await consumer.commit(offsets)
+        except CommitFailedError as exc:
+            # The group moved on (rebalance or eviction): the new owner re-reads these
+            # records and the inbox key recognises them.
+            log.warning(
+                "offset commit refused; the batch will be redelivered", extra={"error": str(exc)}
+            )
+        except KafkaError as exc:
+            log.warning(
+                "offset commit failed; the batch will be redelivered", extra={"error": repr(exc)}
+            )
+
+    async def _store(self, records: list[IngestRecord]) -> BatchResult:
+        """Store the records, retrying what is transient and isolating refused data."""
+        delay = 0.05
+        while True:
+            try:
+                async with self._pool.connection() as conn:
+                    return await store_batch(
+                        conn, records, lambda: crash_point("ingest.in_transaction")
+                    )
+            except _TRANSIENT as exc:
+                log.warning(
+                    "batch failed, retrying", extra={"error": repr(exc), "retry_in_s": delay}
+                )
+            except _DATA_REFUSED as exc:
+                return await self._isolate(records, exc)
+            except psycopg.Error as exc:
+                log.error(
+                    "batch failed unexpectedly, retrying",
+                    extra={"error": repr(exc), "retry_in_s": delay},
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    async def _isolate(self, records: list[IngestRecord], exc: Exception) -> BatchResult:
+        """Split a refused batch until the refused records are alone; quarantine those."""
+        if len(records) == 1:
+            record = records[0]
+            log.warning(
+                "record refused by the database; quarantined",
+                extra={"partition": record.partition, "offset": record.offset, "error": repr(exc)},
+            )
+            refused = IngestRecord(
+                record.topic,
+                record.partition,
+                record.offset,
+                record.key,
+                record.value,
+                record.headers,
+                Rejection("malformed", f"refused by the database: {exc}"[:500]),
+            )
+            return await self._store([refused])
+        middle = len(records) // 2
+        first = await self._store(records[:middle])
+        second = await self._store(records[middle:])
+        merged = BatchResult()
+        for part in (first, second):
+            for name, value in part.__dict__.items():
+                current = getattr(merged, name)
+                setattr(merged, name, current + value)
+        return merged

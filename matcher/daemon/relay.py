@@ -1,0 +1,184 @@
+"""The outbox relay: resolutions committed in Postgres become resume messages on Kafka.
+
+Delivery is at least once (invariant 9): a row is marked published only after Kafka
+acknowledged it (idempotent producer, acks=all), so a crash in between publishes it again,
+and the worker SDK's ``advance`` turns the duplicate into a no-op. The relay wakes on a
+Postgres NOTIFY sent by every transaction that writes the outbox (and, in this process, a
+direct nudge from ingest), with a slow poll as a safety net.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any
+
+import psycopg
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from matcher.config import Settings
+from matcher.daemon.faults import crash_point
+from matcher.domain.resume import ResumeData, ResumeEvent, resume_cloudevent
+from matcher.domain.waits import Outcome
+from matcher.store.sql import query
+
+log = logging.getLogger("matcher.relay")
+
+
+def resume_from_row(row: dict[str, Any]) -> ResumeData:
+    event = None
+    if row["outcome"] == Outcome.EVENT:
+        event = ResumeEvent(
+            source=row["resolved_by_producer"],
+            id=row["resolved_by_event_id"],
+            type=row["event_type"] or "",
+            data=row["event_data"],
+            external_job_id=row["external_job_id"],
+            occurred_at=row["occurred_at"],
+            topic=row["kafka_topic"],
+            partition=row["kafka_partition"],
+            offset=row["kafka_offset"],
+            received_at=row["received_at"] or row["resolved_at"],
+        )
+    return ResumeData(
+        resolution_id=row["resolution_id"],
+        tenant=row["tenant"],
+        run_id=row["run_id"],
+        position=row["position"],
+        outcome=Outcome(row["outcome"]),
+        wait_id=row["wait_id"],
+        correlation_id=row["correlation_id"],
+        event_types=row["event_types"],
+        event=event,
+        created_at=row["created_at"],
+        resolved_at=row["resolved_at"],
+        deadline=row["deadline"],
+    )
+
+
+class Relay:
+    def __init__(self, settings: Settings, pool: AsyncConnectionPool, stop: asyncio.Event) -> None:
+        self._settings = settings
+        self._pool = pool
+        self._stop = stop
+        self._wake = asyncio.Event()
+        self.published = 0
+
+    def nudge(self) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        listener = asyncio.create_task(self._listen(), name="relay-listen")
+        try:
+            delay = 0.1
+            while not self._stop.is_set():
+                producer = AIOKafkaProducer(
+                    **self._settings.kafka_client_options(),
+                    enable_idempotence=True,
+                    acks="all",
+                    linger_ms=self._settings.relay_linger_ms,
+                )
+                try:
+                    await producer.start()
+                    await self._publish_until_stopped(producer)
+                    delay = 0.1
+                except (TimeoutError, KafkaError, OSError) as exc:
+                    log.warning(
+                        "publishing failed; retrying",
+                        extra={"error": repr(exc), "retry_in_s": delay},
+                    )
+                except psycopg.OperationalError as exc:
+                    log.warning(
+                        "database unavailable; retrying",
+                        extra={"error": repr(exc), "retry_in_s": delay},
+                    )
+                finally:
+                    with contextlib.suppress(Exception):
+                        await producer.stop()
+                if not self._stop.is_set():
+                    await self._sleep(delay)
+                    delay = min(delay * 2, 5.0)
+        finally:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
+            log.info("relay stopped", extra={"published": self.published})
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), seconds)
+
+    async def _publish_until_stopped(self, producer: AIOKafkaProducer) -> None:
+        while True:
+            self._wake.clear()
+            sent = await self.publish_batch(producer)
+            if sent >= self._settings.relay_batch_max:
+                continue  # more are likely waiting
+            if self._stop.is_set():
+                return
+            waker = asyncio.create_task(self._wake.wait())
+            stopper = asyncio.create_task(self._stop.wait())
+            await asyncio.wait(
+                {waker, stopper},
+                timeout=self._settings.relay_poll_interval_s,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            waker.cancel()
+            stopper.cancel()
+            if self._stop.is_set():
+                # Publish what the final batches resolved before leaving.
+                await self.publish_batch(producer)
+                return
+
+    async def publish_batch(self, producer: AIOKafkaProducer) -> int:
+        topic = self._settings.resume_topic
+        async with (
+            self._pool.connection() as conn,
+            conn.transaction(),
+            conn.cursor(row_factory=dict_row) as cur,
+        ):
+            await cur.execute(
+                query("relay", "claim_unpublished"), {"limit": self._settings.relay_batch_max}
+            )
+            rows = await cur.fetchall()
+            if not rows:
+                return 0
+            crash_point("relay.before_publish")
+            futures = []
+            for row in rows:
+                resume = resume_from_row(row)
+                value = json.dumps(resume_cloudevent(resume)).encode()
+                futures.append(
+                    await producer.send(
+                        topic,
+                        value,
+                        key=resume.run_id.encode(),
+                        headers=[("content-type", b"application/cloudevents+json")],
+                    )
+                )
+            await asyncio.gather(*futures)
+            crash_point("relay.after_publish")
+            await cur.execute(query("relay", "mark_published"), {"ids": [r["id"] for r in rows]})
+        self.published += len(rows)
+        return len(rows)
+
+    async def _listen(self) -> None:
+        """Turn NOTIFY matcher_outbox from any process into a nudge; reconnect on loss."""
+        url = self._settings.database_url.get_secret_value()
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+                    await conn.execute("LISTEN matcher_outbox")
+                    self.nudge()  # anything committed while we were not listening
+                    async for _ in conn.notifies():
+                        self.nudge()
+            except psycopg.Error as exc:
+                log.warning(
+                    "outbox listener lost its connection; reconnecting", extra={"error": repr(exc)}
+                )
+                await asyncio.sleep(1.0)

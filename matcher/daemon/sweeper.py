@@ -1,0 +1,59 @@
+"""The deadline sweeper: waiting waits past their deadline are timed out, in batches."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from matcher.config import Settings
+from matcher.daemon.faults import crash_point
+from matcher.store.sql import query
+
+log = logging.getLogger("matcher.sweeper")
+
+
+async def sweep_once(pool: AsyncConnectionPool, limit: int) -> int:
+    """Time out up to ``limit`` due waits in one transaction; return how many."""
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(query("resolve", "sweep_deadlines"), {"limit": limit})
+        row = await cur.fetchone()
+        timed_out = int(row[0]) if row else 0
+        if timed_out:
+            await conn.execute(query("ingest", "notify_outbox"))
+        crash_point("sweeper.in_transaction")
+    return timed_out
+
+
+class Sweeper:
+    def __init__(
+        self,
+        settings: Settings,
+        pool: AsyncConnectionPool,
+        stop: asyncio.Event,
+        on_resolved: Callable[[], None],
+    ) -> None:
+        self._settings = settings
+        self._pool = pool
+        self._stop = stop
+        self._on_resolved = on_resolved
+        self.timed_out = 0
+
+    async def run(self) -> None:
+        limit = self._settings.sweep_batch_max
+        while not self._stop.is_set():
+            try:
+                while (count := await sweep_once(self._pool, limit)) > 0:
+                    self.timed_out += count
+                    self._on_resolved()
+                    if count < limit:
+                        break
+            except psycopg.Error as exc:
+                log.warning("sweep failed; retrying", extra={"error": repr(exc)})
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self._settings.sweep_interval_s)
+        log.info("sweeper stopped", extra={"timed_out": self.timed_out})

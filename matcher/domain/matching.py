@@ -1,0 +1,141 @@
+"""What a batch of new events does to the waits of their keys. Pure: no I/O.
+
+The rules (the same ones registration applies from the other side):
+- an event and a wait match when tenant and correlation id are equal and the event's type
+  is one of the wait's types;
+- duplicates, by (producer, event id), do nothing: not against stored events, not within
+  the batch;
+- events are taken in order of arrival; each resolves the oldest waiting wait it matches
+  that no earlier event took; one event resolves at most one wait, one wait is resolved
+  by at most one event;
+- an event that matches no waiting wait but matches a wait that timed out or was
+  cancelled is *late*, linked to the most recently resolved such wait;
+- anything else stays *pending* for a wait that may be registered later.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+from uuid import UUID
+
+from matcher.domain.waits import WaitState
+
+Key = tuple[str, str]  # (tenant, correlation id)
+EventKey = tuple[str, str]  # (producer, event id)
+
+
+class InboxStatus(StrEnum):
+    PENDING = "pending"
+    CONSUMED = "consumed"
+    LATE = "late"
+    EXPIRED = "expired"
+
+
+@dataclass(frozen=True)
+class NewEvent:
+    """An event that passed validation, in arrival order within its batch."""
+
+    producer: str
+    event_id: str
+    tenant: str
+    type: str
+    correlation_id: str
+    # Carried through untouched for the adapter that stores the decision.
+    payload: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def key(self) -> Key:
+        return (self.tenant, self.correlation_id)
+
+    @property
+    def event_key(self) -> EventKey:
+        return (self.producer, self.event_id)
+
+
+@dataclass(frozen=True)
+class WaitView:
+    """The part of a stored wait that matching looks at."""
+
+    id: UUID
+    tenant: str
+    correlation_id: str
+    event_types: frozenset[str]
+    state: WaitState
+    created_at: datetime
+    resolved_at: datetime | None = None
+
+    @property
+    def key(self) -> Key:
+        return (self.tenant, self.correlation_id)
+
+    def accepts(self, event: NewEvent) -> bool:
+        return event.key == self.key and event.type in self.event_types
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one new event goes: its inbox status and the wait it is linked to."""
+
+    event: NewEvent
+    status: InboxStatus
+    wait_id: UUID | None = None  # consumed_by for CONSUMED, late_for for LATE
+
+
+@dataclass
+class BatchDecision:
+    placements: list[Placement] = field(default_factory=list)
+    duplicates: list[NewEvent] = field(default_factory=list)
+
+    @property
+    def resolutions(self) -> list[Placement]:
+        return [p for p in self.placements if p.status is InboxStatus.CONSUMED]
+
+
+_RESOLVED_NOT_MATCHED = (WaitState.TIMED_OUT, WaitState.CANCELLED)
+
+
+def decide_batch(
+    events: Sequence[NewEvent],
+    stored: Iterable[EventKey],
+    waits: Iterable[WaitView],
+) -> BatchDecision:
+    """Decide what each event of a batch does, given what is already stored.
+
+    ``stored`` holds the (producer, event id) pairs of the batch already in the inbox;
+    ``waits`` holds every wait (any state) on the batch's keys.
+    """
+    seen: set[EventKey] = set(stored)
+    waiting: dict[Key, list[WaitView]] = defaultdict(list)
+    finished: dict[Key, list[WaitView]] = defaultdict(list)
+    for wait in waits:
+        if wait.state is WaitState.WAITING:
+            waiting[wait.key].append(wait)
+        elif wait.state in _RESOLVED_NOT_MATCHED:
+            finished[wait.key].append(wait)
+    for key_waits in waiting.values():
+        key_waits.sort(key=lambda w: (w.created_at, str(w.id)))
+
+    decision = BatchDecision()
+    for event in events:
+        if event.event_key in seen:
+            decision.duplicates.append(event)
+            continue
+        seen.add(event.event_key)
+        candidates = waiting.get(event.key, [])
+        taken = next((w for w in candidates if event.type in w.event_types), None)
+        if taken is not None:
+            candidates.remove(taken)
+            decision.placements.append(Placement(event, InboxStatus.CONSUMED, taken.id))
+            continue
+        late_for = [w for w in finished.get(event.key, []) if event.type in w.event_types]
+        if late_for:
+            latest = max(late_for, key=lambda w: (w.resolved_at or w.created_at, str(w.id)))
+            decision.placements.append(Placement(event, InboxStatus.LATE, latest.id))
+        else:
+            decision.placements.append(Placement(event, InboxStatus.PENDING))
+    return decision

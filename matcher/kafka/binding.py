@@ -1,0 +1,112 @@
+"""The CloudEvents Kafka protocol binding: Kafka records in, validated events out.
+
+Binary mode (``ce_*`` headers, the data as the value) and structured mode
+(``content-type: application/cloudevents+json``, the whole event as the value) are both
+read by the CloudEvents SDK; the result is then validated as a ``CompletionEvent``.
+Anything that fails becomes a ``Rejection`` with a reason code and a readable detail,
+plus whatever identifying attributes could still be read, for operators and ``explain``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from cloudevents.core.bindings import kafka as ce_kafka
+from cloudevents.core.formats.json import JSONFormat
+from cloudevents.core.v1.event import CloudEvent
+from pydantic import ValidationError
+
+from matcher.domain.events import CompletionEvent, Rejection
+
+_FORMAT = JSONFormat()
+STRUCTURED_CONTENT_TYPE = "application/cloudevents+json"
+Headers = Sequence[tuple[str, bytes | None]]
+
+
+def _header_dict(headers: Headers) -> dict[str, bytes]:
+    return {name: value or b"" for name, value in headers}
+
+
+def _peek(headers: dict[str, bytes], value: bytes | None) -> dict[str, str]:
+    """Best effort: the identifying attributes of a message that failed to parse."""
+    names = {
+        "source": "producer",
+        "id": "event_id",
+        "tenant": "tenant",
+        "type": "type",
+        "correlationid": "correlation_id",
+    }
+    found: dict[str, str] = {}
+    for attr, column in names.items():
+        raw = headers.get(f"ce_{attr}")
+        if raw:
+            found[column] = raw.decode("utf-8", "replace")[:512]
+    if not found and value:
+        try:
+            envelope = json.loads(value)
+        except (ValueError, UnicodeDecodeError):
+            return found
+        if isinstance(envelope, dict):
+            for attr, column in names.items():
+                item = envelope.get(attr)
+                if isinstance(item, str) and item:
+                    found[column] = item[:512]
+    return found
+
+
+def _json_data(data: Any) -> Any:
+    if isinstance(data, bytes | bytearray):
+        if not data:
+            return None
+        return json.loads(data)  # ValueError (or UnicodeDecodeError) when it is not JSON
+    return data
+
+
+def _short(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:400]}"
+
+
+def parse_record(
+    headers: Headers, key: bytes | None, value: bytes | None
+) -> CompletionEvent | Rejection:
+    """Read one Kafka record as a completion event, or say why it is not one."""
+    header_map = _header_dict(headers)
+    message = ce_kafka.KafkaMessage(headers=header_map, key=key, value=value or b"")
+    try:
+        event = ce_kafka.from_kafka(message, _FORMAT)
+        attributes = dict(event.get_attributes())
+        attributes.pop("partitionkey", None)  # the SDK's name for the Kafka key
+        attributes["data"] = _json_data(event.get_data())
+        return CompletionEvent.model_validate(attributes)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'event'}: {e['msg']}" for e in exc.errors()
+        )
+        return Rejection("malformed", problems[:500], _peek(header_map, value))
+    except Exception as exc:  # the SDK raises many types; every one means "malformed"
+        return Rejection("malformed", _short(exc), _peek(header_map, value))
+
+
+def to_record(
+    event: CompletionEvent, *, structured: bool = False
+) -> tuple[bytes, list[tuple[str, bytes]], bytes]:
+    """(key, headers, value) of ``event`` in binary or structured mode.
+
+    The key is tenant + correlation id, so one wait's events stay in order on one partition.
+    """
+    attributes: dict[str, Any] = {
+        k: v for k, v in event.model_dump(exclude_none=True).items() if k != "data"
+    }
+    attributes.setdefault("datacontenttype", "application/json")
+    attributes["time"] = event.time or datetime.now(UTC)
+    message_event = CloudEvent(attributes, event.data)
+    if structured:
+        message = ce_kafka.to_structured(message_event, _FORMAT, key_mapper=lambda _: None)
+    else:
+        message = ce_kafka.to_binary(message_event, _FORMAT, key_mapper=lambda _: None)
+    key = f"{event.tenant}\x1f{event.correlationid}".encode()
+    return key, list(message.headers.items()), message.value

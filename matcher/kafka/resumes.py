@@ -1,0 +1,84 @@
+"""Small Kafka clients for the CLI: publish one event, tail the resume topic."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from matcher.config import Settings
+from matcher.domain.events import CompletionEvent
+from matcher.kafka.binding import to_record
+
+
+async def publish_event(settings: Settings, event: CompletionEvent, *, structured: bool) -> None:
+    key, headers, value = to_record(event, structured=structured)
+    producer = AIOKafkaProducer(
+        **settings.kafka_client_options(), enable_idempotence=True, acks="all"
+    )
+    await producer.start()
+    try:
+        await producer.send_and_wait(settings.events_topic, value, key=key, headers=headers)
+    finally:
+        await producer.stop()
+
+
+async def tail(
+    settings: Settings,
+    show: Callable[[dict[str, Any]], None],
+    from_beginning: bool,
+    max_count: int | None,
+    seconds: float | None,
+) -> int:
+    """Call ``show`` with each resume's data; return how many were shown."""
+    consumer = AIOKafkaConsumer(
+        **settings.kafka_client_options(), group_id=None, enable_auto_commit=False
+    )
+    await consumer.start()
+    shown = 0
+    try:
+        partitions = await _partitions(settings, settings.resume_topic)
+        consumer.assign(partitions)
+        if from_beginning:
+            await consumer.seek_to_beginning(*partitions)
+        else:
+            await consumer.seek_to_end(*partitions)
+        deadline = None if seconds is None else time.monotonic() + seconds
+        while max_count is None or shown < max_count:
+            wait_ms = 500
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                wait_ms = max(1, min(wait_ms, int(left * 1000)))
+            batch = await consumer.getmany(timeout_ms=wait_ms)
+            for records in batch.values():
+                for record in records:
+                    try:
+                        envelope = json.loads(record.value)
+                    except ValueError:
+                        continue
+                    show(envelope.get("data", envelope))
+                    shown += 1
+                    if max_count is not None and shown >= max_count:
+                        return shown
+    finally:
+        await consumer.stop()
+    return shown
+
+
+async def _partitions(settings: Settings, topic: str) -> list[TopicPartition]:
+    admin = AIOKafkaAdminClient(**settings.kafka_client_options())
+    await admin.start()
+    try:
+        described = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    numbers = sorted(p["partition"] for d in described for p in d.get("partitions", []))
+    if not numbers:
+        raise RuntimeError(f"topic {topic} not found: run `matcher migrate`")
+    return [TopicPartition(topic, n) for n in numbers]

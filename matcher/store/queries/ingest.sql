@@ -1,0 +1,77 @@
+-- name: lock_keys
+-- Every (tenant, correlation id) of the batch, in one fixed order (invariant 2: batches and
+-- registrations take the same locks, sorted, so they cannot deadlock each other).
+SELECT pg_advisory_xact_lock(k)
+FROM (
+    SELECT DISTINCT matcher.wait_key(t, c) AS k
+    FROM unnest(%(tenant)s::text[], %(correlation_id)s::text[]) AS u(t, c)
+    ORDER BY 1
+) AS keys;
+
+-- name: stored_events
+SELECT i.producer, i.event_id
+FROM matcher.inbox AS i
+JOIN unnest(%(producer)s::text[], %(event_id)s::text[]) AS u(producer, event_id)
+  ON i.producer = u.producer AND i.event_id = u.event_id;
+
+-- name: waits_for_keys
+-- Waiting waits to resolve, and timed-out or cancelled ones to recognise late events.
+SELECT w.id, w.tenant, w.correlation_id, w.event_types, w.state, w.created_at, w.resolved_at
+FROM matcher.waits AS w
+JOIN (SELECT DISTINCT t, c FROM unnest(%(tenant)s::text[], %(correlation_id)s::text[]) AS u(t, c)) AS k
+  ON w.tenant = k.t AND w.correlation_id = k.c
+WHERE w.state <> 'matched'
+FOR UPDATE OF w;
+
+-- name: insert_inbox
+-- Rows arrive with their final status, so each event is written once.
+INSERT INTO matcher.inbox (
+    producer, event_id, tenant, type, correlation_id, external_job_id, occurred_at,
+    kafka_topic, kafka_partition, kafka_offset, data, status, consumed_by, late_for
+)
+SELECT *
+FROM unnest(
+    %(producer)s::text[], %(event_id)s::text[], %(tenant)s::text[], %(type)s::text[],
+    %(correlation_id)s::text[], %(external_job_id)s::text[], %(occurred_at)s::timestamptz[],
+    %(topic)s::text[], %(partition)s::integer[], %(offset)s::bigint[], %(data)s::jsonb[],
+    %(status)s::text[], %(consumed_by)s::uuid[], %(late_for)s::uuid[]
+)
+ON CONFLICT (producer, event_id) DO NOTHING
+RETURNING producer, event_id;
+
+-- name: resolve_by_events
+-- The conditional update (invariant 3) and the outbox rows, in the batch's transaction.
+WITH resolved AS (
+    UPDATE matcher.waits AS w
+    SET state = 'matched', resolved_at = now(), resolution = 'event',
+        resolved_by_producer = u.producer, resolved_by_event_id = u.event_id,
+        version = w.version + 1
+    FROM unnest(%(wait_id)s::uuid[], %(producer)s::text[], %(event_id)s::text[])
+        AS u(wait_id, producer, event_id)
+    WHERE w.id = u.wait_id AND w.state = 'waiting'
+    RETURNING w.id, w.tenant, w.run_id
+), queued AS (
+    INSERT INTO matcher.outbox (wait_id, tenant, run_id, outcome)
+    SELECT id, tenant, run_id, 'event' FROM resolved
+    RETURNING 1
+)
+SELECT count(*) FROM queued;
+
+-- name: quarantine
+-- A redelivered poison message is recorded once (its Kafka coordinates are unique).
+INSERT INTO matcher.quarantine (
+    kafka_topic, kafka_partition, kafka_offset, kafka_key, raw_value, headers, reason, detail,
+    producer, event_id, tenant, type, correlation_id
+)
+SELECT *
+FROM unnest(
+    %(topic)s::text[], %(partition)s::integer[], %(offset)s::bigint[], %(key)s::bytea[],
+    %(value)s::bytea[], %(headers)s::jsonb[], %(reason)s::text[], %(detail)s::text[],
+    %(producer)s::text[], %(event_id)s::text[], %(tenant)s::text[], %(type)s::text[],
+    %(correlation_id)s::text[]
+)
+ON CONFLICT (kafka_topic, kafka_partition, kafka_offset) DO NOTHING;
+
+-- name: notify_outbox
+-- Wakes the relays (delivered at commit, so never before the rows are visible).
+SELECT pg_notify('matcher_outbox', '');
