@@ -151,6 +151,12 @@ def settings(services: Services, db_url: str) -> Settings:
         events_topic=f"test.{suffix}.events",
         resume_topic=f"test.{suffix}.resumes",
         consumer_group=f"test.{suffix}",
+        # Quick loops: tests wait on outcomes, and slow polling only slows them down.
+        ingest_poll_timeout_ms=50,
+        relay_poll_interval_s=0.2,
+        sweep_interval_s=0.1,
+        janitor_interval_s=0.5,
+        shutdown_timeout_s=20,
     )
     asyncio.run(
         ensure_topics(
@@ -171,5 +177,10 @@ def settings_env(settings: Settings) -> dict[str, str]:
         MATCHER_EVENTS_TOPIC=settings.events_topic,
         MATCHER_RESUME_TOPIC=settings.resume_topic,
         MATCHER_CONSUMER_GROUP=settings.consumer_group,
+        MATCHER_INGEST_POLL_TIMEOUT_MS=str(settings.ingest_poll_timeout_ms),
+        MATCHER_RELAY_POLL_INTERVAL_S=str(settings.relay_poll_interval_s),
+        MATCHER_SWEEP_INTERVAL_S=str(settings.sweep_interval_s),
+        MATCHER_JANITOR_INTERVAL_S=str(settings.janitor_interval_s),
+        MATCHER_SHUTDOWN_TIMEOUT_S=str(settings.shutdown_timeout_s),
     )
     return env

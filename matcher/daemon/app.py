@@ -81,11 +81,14 @@ async def _supervise(stop: asyncio.Event, tasks: list[asyncio.Task[None]], grace
         raise LoopFailed(", ".join(t.get_name() for t in failed))
 
 
-async def run(settings: Settings, stop: asyncio.Event | None = None) -> None:
-    """Run until ``stop`` is set or the process receives SIGTERM/SIGINT."""
+async def run(
+    settings: Settings, stop: asyncio.Event | None = None, *, handle_signals: bool = True
+) -> None:
+    """Run until ``stop`` is set or (with ``handle_signals``) SIGTERM/SIGINT arrives."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    signals = (signal.SIGTERM, signal.SIGINT) if handle_signals else ()
+    for sig in signals:
         loop.add_signal_handler(sig, stop.set)
     try:
         pool = await _open_pool(settings)
@@ -119,6 +122,6 @@ async def run(settings: Settings, stop: asyncio.Event | None = None) -> None:
         finally:
             await pool.close()
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in signals:
             loop.remove_signal_handler(sig)
     log.info("stopped")

@@ -1,0 +1,232 @@
+"""Shared test tools: produce events, run the daemon (in-process or as a process), read
+resumes, and poll the database with a deadline instead of sleeping."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any
+
+import psycopg
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from psycopg.rows import dict_row
+
+from matcher.config import Settings
+from matcher.daemon import app as daemon_app
+from matcher.domain.events import CompletionEvent
+from matcher.domain.resume import ResumeData
+from matcher.kafka.binding import to_record
+from matcher.sdk import parse_resume
+
+
+def event(
+    tenant: str = "acme",
+    correlation: str | None = None,
+    type_: str = "job.completed",
+    *,
+    source: str = "billing",
+    event_id: str | None = None,
+    job_id: str | None = None,
+    data: Any = None,
+) -> CompletionEvent:
+    return CompletionEvent(
+        id=event_id or str(uuid.uuid4()),
+        source=source,
+        type=type_,
+        tenant=tenant,
+        correlationid=correlation or str(uuid.uuid4()),
+        jobid=job_id,
+        data=data if data is not None else {"ok": True},
+    )
+
+
+async def produce(
+    settings: Settings,
+    events: Sequence[CompletionEvent],
+    *,
+    structured: bool = False,
+) -> None:
+    producer = AIOKafkaProducer(
+        **settings.kafka_client_options(), enable_idempotence=True, acks="all", linger_ms=5
+    )
+    await producer.start()
+    try:
+        futures = []
+        for e in events:
+            key, headers, value = to_record(e, structured=structured)
+            futures.append(
+                await producer.send(settings.events_topic, value, key=key, headers=headers)
+            )
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+async def produce_raw(
+    settings: Settings, messages: Sequence[tuple[bytes | None, list[tuple[str, bytes]], bytes]]
+) -> None:
+    """Send (key, headers, value) exactly as given, in order."""
+    producer = AIOKafkaProducer(
+        **settings.kafka_client_options(), enable_idempotence=True, acks="all"
+    )
+    await producer.start()
+    try:
+        for key, headers, value in messages:
+            await producer.send_and_wait(settings.events_topic, value, key=key, headers=headers)
+    finally:
+        await producer.stop()
+
+
+@contextlib.asynccontextmanager
+async def running_daemon(settings: Settings) -> AsyncIterator[asyncio.Task[None]]:
+    """The daemon in this process, stopped (gracefully) when the block ends."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(daemon_app.run(settings, stop, handle_signals=False))
+    try:
+        yield task
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60)
+
+
+class DaemonProcess:
+    """``matcher run`` as a real process, for SIGTERM and SIGKILL."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.lines: list[str] = []
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "matcher", "run"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self._ready = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line)
+            if "matcher ready" in line:
+                self._ready.set()
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        if not self._ready.wait(timeout):
+            self.process.kill()
+            raise AssertionError("daemon not ready; output:\n" + "".join(self.lines))
+
+    def wait_exit(self, timeout: float = 60) -> int:
+        code = self.process.wait(timeout)
+        self._reader.join(5)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        return code
+
+    def terminate(self, timeout: float = 60) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.wait_exit(timeout)
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.wait_exit()
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+
+def process_env(settings: Settings, **extra: str) -> dict[str, str]:
+    from tests.conftest import settings_env
+
+    env = settings_env(settings)
+    env.update(extra)
+    return env
+
+
+@contextlib.contextmanager
+def db(settings: Settings) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+    with psycopg.connect(
+        settings.database_url.get_secret_value(), autocommit=True, row_factory=dict_row
+    ) as conn:
+        yield conn
+
+
+def rows(settings: Settings, sql: str, params: Any = None) -> list[dict[str, Any]]:
+    with db(settings) as conn:
+        return conn.execute(sql.encode(), params).fetchall()  # test-only ad-hoc SQL
+
+
+def scalar(settings: Settings, sql: str, params: Any = None) -> Any:
+    found = rows(settings, sql, params)
+    return next(iter(found[0].values())) if found else None
+
+
+async def eventually(
+    check: Callable[[], bool], *, timeout: float = 30, interval: float = 0.1, what: str = ""
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not reached within {timeout}s: {what or check}")
+        await asyncio.sleep(interval)
+
+
+async def read_resumes(
+    settings: Settings, *, at_least: int, timeout: float = 60, settle: float = 0.5
+) -> list[ResumeData]:
+    """Every resume on the topic from the beginning: at least ``at_least``, then any more
+    that arrive within ``settle`` seconds (so duplicates are seen too)."""
+    consumer = AIOKafkaConsumer(
+        **settings.kafka_client_options(), group_id=None, enable_auto_commit=False
+    )
+    await consumer.start()
+    found: list[ResumeData] = []
+    try:
+        partitions = [
+            TopicPartition(settings.resume_topic, p) for p in range(settings.topic_partitions)
+        ]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        deadline = time.monotonic() + timeout
+        quiet_since = time.monotonic()
+        while time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=100)
+            got = [r for records in batch.values() for r in records]
+            found.extend(parse_resume(r.value) for r in got)
+            if got:
+                quiet_since = time.monotonic()
+            elif len(found) >= at_least and time.monotonic() - quiet_since >= settle:
+                break
+    finally:
+        await consumer.stop()
+    if len(found) < at_least:
+        raise AssertionError(f"{len(found)} resumes, expected at least {at_least}")
+    return found
+
+
+def outcome_counts(settings: Settings) -> dict[str, int]:
+    return {
+        r["state"]: r["n"]
+        for r in rows(settings, "SELECT state, count(*) AS n FROM matcher.waits GROUP BY state")
+    }
+
+
+def dump(value: Any) -> str:
+    return json.dumps(value, default=str, indent=1)
+
+
+def env_flag(name: str, default: int) -> int:
+    """Iteration counts that the long campaign target raises."""
+    return int(os.environ.get(name, default))

@@ -1,0 +1,224 @@
+"""The core scenarios of the product note, against real Kafka and Postgres."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+
+from matcher.config import Settings
+from matcher.domain.waits import WaitSpec, WaitState
+from matcher.sdk import advance, register_wait
+from tests.helpers import (
+    event,
+    eventually,
+    produce,
+    produce_raw,
+    read_resumes,
+    rows,
+    running_daemon,
+    scalar,
+)
+
+
+def _spec(correlation: str, run: str = "run-1", **extra: object) -> WaitSpec:
+    return WaitSpec.model_validate(
+        {
+            "tenant": "acme",
+            "run_id": run,
+            "position": 0,
+            "event_types": ["job.completed", "job.failed"],
+            "correlation_id": correlation,
+            **extra,
+        }
+    )
+
+
+async def test_event_before_wait_resolves_on_registration(settings: Settings) -> None:
+    early = event(correlation="corr-early", data={"result": 42})
+    async with running_daemon(settings):
+        await produce(settings, [early])
+        await eventually(
+            lambda: scalar(settings, "SELECT count(*) FROM matcher.inbox") == 1,
+            what="event stored",
+        )
+        assert scalar(settings, "SELECT status FROM matcher.inbox") == "pending"
+        await asyncio.sleep(2)  # the wait comes seconds later
+
+        with psycopg.connect(settings.database_url.get_secret_value()) as conn:
+            wait = register_wait(conn, _spec("corr-early"))
+        assert wait.state is WaitState.MATCHED
+        assert (wait.resolved_by_producer, wait.resolved_by_event_id) == ("billing", early.id)
+
+        [resume] = await read_resumes(settings, at_least=1)
+    assert resume.wait_id == wait.id
+    assert resume.outcome == "event"
+    assert resume.event is not None
+    assert (resume.event.source, resume.event.id) == ("billing", early.id)
+    assert resume.event.data == {"result": 42}
+    assert scalar(settings, "SELECT status FROM matcher.inbox") == "consumed"
+
+
+async def test_wait_before_event_resolves_on_ingest(settings: Settings) -> None:
+    with psycopg.connect(settings.database_url.get_secret_value()) as conn:
+        wait = register_wait(conn, _spec("corr-late-arrival"))
+    assert wait.state is WaitState.WAITING
+    failed = event(correlation="corr-late-arrival", type_="job.failed")
+    async with running_daemon(settings):
+        await produce(settings, [failed])
+        [resume] = await read_resumes(settings, at_least=1)
+    assert resume.wait_id == wait.id
+    assert resume.event is not None and resume.event.type == "job.failed"
+
+
+async def test_duplicates_resolve_once_even_across_restarts(settings: Settings) -> None:
+    with psycopg.connect(settings.database_url.get_secret_value()) as conn:
+        register_wait(conn, _spec("corr-dup"))
+    original = event(correlation="corr-dup", event_id="evt-1", job_id="job-7")
+    async with running_daemon(settings):
+        await produce(settings, [original, original])
+        await read_resumes(settings, at_least=1)
+    async with running_daemon(settings):  # a restart, then the same event again
+        # A sentinel behind it on the same partition: once it is stored, so was the copy.
+        sentinel = event(correlation="corr-dup", type_="job.progress")
+        await produce(settings, [original], structured=True)
+        await produce(settings, [sentinel])
+        await eventually(
+            lambda: scalar(
+                settings, "SELECT count(*) FROM matcher.inbox WHERE event_id = %s", [sentinel.id]
+            )
+            == 1
+        )
+        resumes = await read_resumes(settings, at_least=1)
+    assert len(resumes) == 1
+    assert scalar(settings, "SELECT count(*) FROM matcher.inbox WHERE event_id = 'evt-1'") == 1
+    assert scalar(settings, "SELECT count(*) FROM matcher.outbox") == 1
+
+
+async def test_events_sharing_a_job_id_are_all_kept(settings: Settings) -> None:
+    progress = event(correlation="corr-job", type_="job.progress", job_id="job-9")
+    completed = event(correlation="corr-job", type_="job.completed", job_id="job-9")
+    with psycopg.connect(settings.database_url.get_secret_value()) as conn:
+        wait = register_wait(conn, _spec("corr-job"))
+    async with running_daemon(settings):
+        await produce(settings, [progress, completed])
+        [resume] = await read_resumes(settings, at_least=1)
+    assert resume.wait_id == wait.id
+    assert resume.event is not None and resume.event.id == completed.id
+    stored = rows(
+        settings,
+        "SELECT event_id, status FROM matcher.inbox WHERE external_job_id = 'job-9' ORDER BY 1",
+    )
+    assert {r["event_id"]: r["status"] for r in stored} == {
+        progress.id: "pending",  # a type this wait does not accept
+        completed.id: "consumed",
+    }
+
+
+async def test_timeout_races_completion_and_the_loser_is_recorded(settings: Settings) -> None:
+    runs = 40
+    now = datetime.now(UTC)
+    rng = random.Random(7)
+    deadlines = [now + timedelta(seconds=2 + rng.uniform(0, 1.5)) for _ in range(runs)]
+    with psycopg.connect(settings.database_url.get_secret_value()) as conn:
+        waits = [
+            register_wait(conn, _spec(f"race-{i}", run=f"run-{i}", deadline=deadlines[i]))
+            for i in range(runs)
+        ]
+    async with running_daemon(settings):
+        # Each event lands within ±0.5 s of its wait's deadline.
+        schedule = sorted(
+            (deadlines[i] + timedelta(seconds=rng.uniform(-0.5, 0.5)), i) for i in range(runs)
+        )
+        for when, i in schedule:
+            delay = (when - datetime.now(UTC)).total_seconds()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await produce(settings, [event(correlation=f"race-{i}")])
+        await eventually(
+            lambda: scalar(settings, "SELECT count(*) FROM matcher.inbox") == runs
+            and scalar(settings, "SELECT count(*) FROM matcher.waits WHERE state = 'waiting'")
+            == 0,
+            timeout=30,
+        )
+        resumes = await read_resumes(settings, at_least=runs)
+
+    assert sorted(str(r.wait_id) for r in resumes) == sorted(str(w.id) for w in waits)
+    facts = rows(
+        settings,
+        """
+        SELECT w.id, w.state, i.status, i.consumed_by, i.late_for,
+               (SELECT count(*) FROM matcher.outbox o WHERE o.wait_id = w.id) AS resolutions
+        FROM matcher.waits w JOIN matcher.inbox i ON i.correlation_id = w.correlation_id
+        """,
+    )
+    assert len(facts) == runs
+    outcomes = {"matched": 0, "timed_out": 0}
+    for f in facts:
+        assert f["resolutions"] == 1
+        outcomes[f["state"]] += 1
+        if f["state"] == "matched":
+            assert (f["status"], f["consumed_by"], f["late_for"]) == ("consumed", f["id"], None)
+        else:
+            assert f["state"] == "timed_out"
+            assert (f["status"], f["consumed_by"], f["late_for"]) == ("late", None, f["id"])
+    # The jitter must have produced both outcomes, or the race was not exercised.
+    assert outcomes["matched"] > 0 and outcomes["timed_out"] > 0, outcomes
+
+
+async def test_cancel_then_event_is_late(settings: Settings) -> None:
+    from matcher.sdk import cancel_wait
+
+    with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as conn:
+        wait = register_wait(conn, _spec("corr-cancel"))
+        assert cancel_wait(conn, wait.id)
+        assert not cancel_wait(conn, wait.id)  # a second cancel is a recorded no-op
+    async with running_daemon(settings):
+        await produce(settings, [event(correlation="corr-cancel")])
+        [resume] = await read_resumes(settings, at_least=1)
+        await eventually(lambda: scalar(settings, "SELECT status FROM matcher.inbox") == "late")
+    assert resume.outcome == "cancelled" and resume.event is None
+    assert scalar(settings, "SELECT late_for FROM matcher.inbox") == wait.id
+
+
+async def test_malformed_message_between_good_ones_is_quarantined(settings: Settings) -> None:
+    first, second = event(correlation="corr-a"), event(correlation="corr-b")
+    with psycopg.connect(settings.database_url.get_secret_value()) as conn:
+        register_wait(conn, _spec("corr-a", run="run-a"))
+        register_wait(conn, _spec("corr-b", run="run-b"))
+    from matcher.kafka.binding import to_record
+
+    key = b"same-partition"
+    _, h1, v1 = to_record(first)
+    _, h2, v2 = to_record(second)
+    garbage = [("content-type", b"application/cloudevents+json")]
+    async with running_daemon(settings):
+        await produce_raw(
+            settings, [(key, h1, v1), (key, garbage, b"{not json\xff"), (key, h2, v2)]
+        )
+        resumes = await read_resumes(settings, at_least=2)
+    assert {r.run_id for r in resumes} == {"run-a", "run-b"}
+    [bad] = rows(settings, "SELECT * FROM matcher.quarantine")
+    assert bad["reason"] == "malformed"
+    assert bytes(bad["raw_value"]) == b"{not json\xff"
+    offsets = [
+        r["kafka_offset"]
+        for r in rows(settings, "SELECT kafka_offset FROM matcher.inbox ORDER BY kafka_offset")
+    ]
+    assert offsets[0] < bad["kafka_offset"] < offsets[1]
+
+
+async def test_advance_is_once_per_resolution(settings: Settings) -> None:
+    with psycopg.connect(settings.database_url.get_secret_value()) as conn:
+        register_wait(conn, _spec("corr-adv", run="run-adv"))
+    async with running_daemon(settings):
+        await produce(settings, [event(correlation="corr-adv")])
+        [resume] = await read_resumes(settings, at_least=1)
+    with psycopg.connect(settings.database_url.get_secret_value()) as conn:
+        assert advance(conn, resume) is True
+        assert advance(conn, resume) is False
+        assert advance(conn, resume) is False
+    [run] = rows(settings, "SELECT * FROM matcher.runs")
+    assert (run["position"], run["last_resolution_id"]) == (1, resume.resolution_id)
