@@ -6,6 +6,7 @@ that names the variable, what is wrong, and (for non-secret values) what was giv
 
 from __future__ import annotations
 
+import contextlib
 import re
 from datetime import timedelta
 from typing import Annotated, Any, Literal, Self
@@ -104,6 +105,15 @@ class Settings(BaseSettings):
     @classmethod
     def _upper(cls, value: Any) -> Any:
         return value.upper() if isinstance(value, str) else value
+
+    @field_validator("inbox_retention", "inbox_purge_after", mode="before")
+    @classmethod
+    def _seconds(cls, value: Any) -> Any:
+        # Durations are ISO-8601 ("P7D", "PT12H") or a plain number of seconds.
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                return timedelta(seconds=float(value))
+        return value
 
     @field_validator("kafka_bootstrap_servers")
     @classmethod

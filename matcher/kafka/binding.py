@@ -65,6 +65,13 @@ def _json_data(data: Any) -> Any:
     return data
 
 
+def _is_json_type(content_type: str | None) -> bool:
+    if not content_type:
+        return True  # JSON is what completion events carry; say so or not
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or media.endswith("+json") or media == "text/json"
+
+
 def _short(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text[:400]}"
@@ -76,11 +83,27 @@ def parse_record(
     """Read one Kafka record as a completion event, or say why it is not one."""
     header_map = _header_dict(headers)
     message = ce_kafka.KafkaMessage(headers=header_map, key=key, value=value or b"")
+    content_type = header_map.get("content-type", b"").decode("utf-8", "replace")
+    structured = content_type.lower().startswith("application/cloudevents")
     try:
         event = ce_kafka.from_kafka(message, _FORMAT)
         attributes = dict(event.get_attributes())
         attributes.pop("partitionkey", None)  # the SDK's name for the Kafka key
-        attributes["data"] = _json_data(event.get_data())
+        if structured:
+            envelope = json.loads(value or b"")
+            if "time" not in envelope:
+                attributes.pop("time", None)  # the SDK invents one; we record only facts
+            attributes["data"] = _json_data(event.get_data())
+        else:
+            if "ce_time" not in header_map:
+                attributes.pop("time", None)
+            if not _is_json_type(content_type):
+                return Rejection(
+                    "malformed",
+                    f"data must be JSON, not {content_type!r}",
+                    _peek(header_map, value),
+                )
+            attributes["data"] = _json_data(value or b"")
         return CompletionEvent.model_validate(attributes)
     except ValidationError as exc:
         problems = "; ".join(

@@ -70,7 +70,8 @@ async def test_wait_before_event_resolves_on_ingest(settings: Settings) -> None:
         await produce(settings, [failed])
         [resume] = await read_resumes(settings, at_least=1)
     assert resume.wait_id == wait.id
-    assert resume.event is not None and resume.event.type == "job.failed"
+    assert resume.event is not None
+    assert resume.event.type == "job.failed"
 
 
 async def test_duplicates_resolve_once_even_across_restarts(settings: Settings) -> None:
@@ -86,10 +87,14 @@ async def test_duplicates_resolve_once_even_across_restarts(settings: Settings) 
         await produce(settings, [original], structured=True)
         await produce(settings, [sentinel])
         await eventually(
-            lambda: scalar(
-                settings, "SELECT count(*) FROM matcher.inbox WHERE event_id = %s", [sentinel.id]
+            lambda: (
+                scalar(
+                    settings,
+                    "SELECT count(*) FROM matcher.inbox WHERE event_id = %s",
+                    [sentinel.id],
+                )
+                == 1
             )
-            == 1
         )
         resumes = await read_resumes(settings, at_least=1)
     assert len(resumes) == 1
@@ -106,7 +111,8 @@ async def test_events_sharing_a_job_id_are_all_kept(settings: Settings) -> None:
         await produce(settings, [progress, completed])
         [resume] = await read_resumes(settings, at_least=1)
     assert resume.wait_id == wait.id
-    assert resume.event is not None and resume.event.id == completed.id
+    assert resume.event is not None
+    assert resume.event.id == completed.id
     stored = rows(
         settings,
         "SELECT event_id, status FROM matcher.inbox WHERE external_job_id = 'job-9' ORDER BY 1",
@@ -138,9 +144,11 @@ async def test_timeout_races_completion_and_the_loser_is_recorded(settings: Sett
                 await asyncio.sleep(delay)
             await produce(settings, [event(correlation=f"race-{i}")])
         await eventually(
-            lambda: scalar(settings, "SELECT count(*) FROM matcher.inbox") == runs
-            and scalar(settings, "SELECT count(*) FROM matcher.waits WHERE state = 'waiting'")
-            == 0,
+            lambda: (
+                scalar(settings, "SELECT count(*) FROM matcher.inbox") == runs
+                and scalar(settings, "SELECT count(*) FROM matcher.waits WHERE state = 'waiting'")
+                == 0
+            ),
             timeout=30,
         )
         resumes = await read_resumes(settings, at_least=runs)
@@ -165,7 +173,8 @@ async def test_timeout_races_completion_and_the_loser_is_recorded(settings: Sett
             assert f["state"] == "timed_out"
             assert (f["status"], f["consumed_by"], f["late_for"]) == ("late", None, f["id"])
     # The jitter must have produced both outcomes, or the race was not exercised.
-    assert outcomes["matched"] > 0 and outcomes["timed_out"] > 0, outcomes
+    assert outcomes["matched"] > 0, outcomes
+    assert outcomes["timed_out"] > 0, outcomes
 
 
 async def test_cancel_then_event_is_late(settings: Settings) -> None:
@@ -179,7 +188,8 @@ async def test_cancel_then_event_is_late(settings: Settings) -> None:
         await produce(settings, [event(correlation="corr-cancel")])
         [resume] = await read_resumes(settings, at_least=1)
         await eventually(lambda: scalar(settings, "SELECT status FROM matcher.inbox") == "late")
-    assert resume.outcome == "cancelled" and resume.event is None
+    assert resume.outcome == "cancelled"
+    assert resume.event is None
     assert scalar(settings, "SELECT late_for FROM matcher.inbox") == wait.id
 
 

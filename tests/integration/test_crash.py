@@ -8,6 +8,7 @@ the next worker reads must name the event that resolved the wait.
 from __future__ import annotations
 
 import asyncio
+import functools
 import signal
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -59,13 +60,10 @@ def _register(settings: Settings, count: int, *, deadline_s: float | None = None
 
 
 def _all_settled(settings: Settings, total: int) -> bool:
-    return (
-        scalar(
-            settings,
-            "SELECT count(*) FROM matcher.outbox WHERE published_at IS NOT NULL",
-        )
-        == total
+    published = scalar(
+        settings, "SELECT count(*) FROM matcher.outbox WHERE published_at IS NOT NULL"
     )
+    return bool(published == total)
 
 
 async def _check_exactly_once(settings: Settings, total: int) -> None:
@@ -89,9 +87,7 @@ async def _check_exactly_once(settings: Settings, total: int) -> None:
                 advanced[str(resume.wait_id)] = advanced.get(str(resume.wait_id), 0) + 1
     assert advanced == dict.fromkeys(waits, 1)
     assert scalar(settings, "SELECT count(*) FROM matcher.outbox") == total
-    assert (
-        scalar(settings, "SELECT count(*) FROM matcher.inbox WHERE status = 'pending'") == 0
-    )
+    assert scalar(settings, "SELECT count(*) FROM matcher.inbox WHERE status = 'pending'") == 0
 
 
 @pytest.mark.parametrize("point", CRASH_POINTS)
@@ -120,7 +116,7 @@ async def test_crash_at_point_then_recover(settings: Settings, point: str) -> No
         recovering = DaemonProcess(process_env(settings))
         recovering.wait_ready()
         try:
-            await eventually(lambda: _all_settled(settings, total), timeout=60)
+            await eventually(functools.partial(_all_settled, settings, total), timeout=60)
         finally:
             assert recovering.terminate() == 0, recovering.output
     await _check_exactly_once(settings, total)
