@@ -23,6 +23,7 @@ async def tidy_once(
     params = {
         "retention": settings.inbox_retention,
         "keep": settings.inbox_retention + settings.inbox_purge_after,
+        "purge_after": settings.inbox_purge_after,
         "limit": limit,
     }
     async with pool.connection() as conn:

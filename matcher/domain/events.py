@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated, Any
@@ -31,14 +32,18 @@ Ident = Annotated[
 ]
 
 
-def _has_nul(value: Any) -> bool:
+def _unstorable(value: Any) -> str | None:
+    """Why Postgres jsonb would refuse ``value``, or None."""
     if isinstance(value, str):
-        return "\x00" in value
+        return "NUL characters (\\u0000)" if "\x00" in value else None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else "a non-finite number (NaN or Infinity)"
     if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+        items: list[Any] = [*value.keys(), *value.values()]
+        return next((r for r in map(_unstorable, items) if r), None)
     if isinstance(value, list):
-        return any(_has_nul(v) for v in value)
-    return False
+        return next((r for r in map(_unstorable, value) if r), None)
+    return None
 
 
 class CompletionEvent(BaseModel):
@@ -65,10 +70,9 @@ class CompletionEvent(BaseModel):
     @field_validator("data")
     @classmethod
     def _data_fits_jsonb(cls, value: Any) -> Any:
-        if _has_nul(value):
-            raise ValueError(
-                "must not contain NUL characters (\\u0000): Postgres jsonb refuses them"
-            )
+        problem = _unstorable(value)
+        if problem is not None:
+            raise ValueError(f"must not contain {problem}: it is not storable JSON")
         return value
 
 

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from cloudevents.core.bindings import kafka as ce_kafka
+from cloudevents.core.exceptions import BaseCloudEventException
 from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
 from pydantic import ValidationError
@@ -22,6 +23,16 @@ from pydantic import ValidationError
 from matcher.domain.events import CompletionEvent, Rejection
 
 _FORMAT = JSONFormat()
+# What reading a bad message raises, in the SDK or in json. A NameError or the like is a
+# bug of ours and must stop the daemon, not quarantine every message as "malformed".
+_UNREADABLE = (
+    BaseCloudEventException,
+    ValueError,  # json, dates, UnicodeDecodeError
+    TypeError,
+    KeyError,
+    AttributeError,
+    IndexError,
+)
 STRUCTURED_CONTENT_TYPE = "application/cloudevents+json"
 Headers = Sequence[tuple[str, bytes | None]]
 
@@ -86,11 +97,14 @@ def parse_record(
     content_type = header_map.get("content-type", b"").decode("utf-8", "replace")
     structured = content_type.lower().startswith("application/cloudevents")
     try:
+        if structured:
+            envelope = json.loads(value or b"")
+            if not isinstance(envelope, dict):
+                return Rejection("malformed", "a structured-mode event must be a JSON object")
         event = ce_kafka.from_kafka(message, _FORMAT)
         attributes = dict(event.get_attributes())
         attributes.pop("partitionkey", None)  # the SDK's name for the Kafka key
         if structured:
-            envelope = json.loads(value or b"")
             if "time" not in envelope:
                 attributes.pop("time", None)  # the SDK invents one; we record only facts
             attributes["data"] = _json_data(event.get_data())
@@ -107,10 +121,12 @@ def parse_record(
         return CompletionEvent.model_validate(attributes)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'event'}: {e['msg']}" for e in exc.errors()
+            f"{'.'.join(str(p) for p in e['loc']) or 'event'}: "
+            + str(e["msg"]).removeprefix("Value error, ")
+            for e in exc.errors()
         )
         return Rejection("malformed", problems[:500], _peek(header_map, value))
-    except Exception as exc:  # the SDK raises many types; every one means "malformed"
+    except _UNREADABLE as exc:
         return Rejection("malformed", _short(exc), _peek(header_map, value))
 
 

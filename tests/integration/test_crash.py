@@ -147,3 +147,37 @@ async def test_sigterm_under_load_loses_and_doubles_nothing(settings: Settings) 
     finally:
         assert second.terminate() == 0, second.output
     await _check_exactly_once(settings, total)
+
+
+async def test_members_join_and_leave_the_group_under_load(settings: Settings) -> None:
+    """Rebalances mid-batch: a second and third daemon join, one leaves, one is killed."""
+    total = env_flag("MATCHER_TEST_LOAD_EVENTS", 1500)
+    correlations = _register(settings, total)
+    events = [event(correlation=c) for c in correlations]
+
+    def resolved() -> int:
+        return int(scalar(settings, "SELECT count(*) FROM matcher.outbox") or 0)
+
+    async def produce_slowly() -> None:
+        for start in range(0, total, 50):
+            await produce(settings, events[start : start + 50])
+            await asyncio.sleep(0.05)
+
+    a = DaemonProcess(process_env(settings))
+    a.wait_ready()
+    producing = asyncio.create_task(produce_slowly())
+    await eventually(lambda: resolved() > total // 8, timeout=60)
+    b = DaemonProcess(process_env(settings))
+    b.wait_ready()
+    await eventually(lambda: resolved() > total // 3, timeout=60)
+    assert await asyncio.to_thread(a.terminate) == 0, a.output
+    c = DaemonProcess(process_env(settings))
+    c.wait_ready()
+    await eventually(lambda: resolved() > total // 2, timeout=60)
+    b.kill()  # its partitions move once the group notices (session timeout)
+    await producing
+    try:
+        await eventually(lambda: _all_settled(settings, total), timeout=120)
+    finally:
+        assert await asyncio.to_thread(c.terminate) == 0, c.output
+    await _check_exactly_once(settings, total)

@@ -13,11 +13,14 @@ FROM due
 WHERE i.producer = due.producer AND i.event_id = due.event_id AND i.status = 'pending';
 
 -- name: purge_inbox
--- Past retention + purge window nothing is kept, whatever its status: this is the window
--- inside which a redelivered event is still recognised as a duplicate.
+-- Past retention + purge window since it was received, and past the purge window since
+-- its last change (an expired event stays that long as expired), nothing is kept. This is
+-- the window inside which a redelivered event is still recognised as a duplicate.
 WITH doomed AS (
     SELECT producer, event_id FROM matcher.inbox
-    WHERE received_at < now() - %(keep)s::interval AND status <> 'pending'
+    WHERE received_at < now() - %(keep)s::interval
+      AND status_at < now() - %(purge_after)s::interval
+      AND status <> 'pending'
     ORDER BY received_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED

@@ -1,0 +1,146 @@
+"""The janitor (retention), the relay's prompt wake-up, and isolation of refused data."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import timedelta
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from matcher.config import Settings
+from matcher.daemon.ingest import Ingest
+from matcher.daemon.janitor import tidy_once
+from matcher.domain.events import CompletionEvent
+from matcher.domain.waits import WaitSpec
+from matcher.kafka.binding import to_record
+from matcher.sdk import cancel_wait, register_wait
+from matcher.store.ingest import IngestRecord
+from tests.helpers import event, read_resumes, rows, running_daemon, scalar
+
+
+def _age(settings: Settings, correlation: str, days: float) -> None:
+    with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as conn:
+        conn.execute(
+            "UPDATE matcher.inbox SET received_at = now() - make_interval(secs => %s), "
+            "status_at = now() - make_interval(secs => %s) WHERE correlation_id = %s",
+            [days * 86400, days * 86400, correlation],
+        )
+
+
+async def test_retention_expires_then_purges(settings: Settings) -> None:
+    settings = settings.model_copy(
+        update={"inbox_retention": timedelta(days=7), "inbox_purge_after": timedelta(days=7)}
+    )
+    with psycopg.connect(settings.database_url.get_secret_value()) as conn:
+        register_wait(
+            conn,
+            WaitSpec(
+                tenant="acme",
+                run_id="r",
+                position=0,
+                event_types=["job.completed"],
+                correlation_id="consumed-old",
+            ),
+        )
+    async with running_daemon(settings):
+        from tests.helpers import produce
+
+        await produce(
+            settings,
+            [
+                event(correlation="fresh"),
+                event(correlation="old"),
+                event(correlation="ancient"),
+                event(correlation="consumed-old"),
+            ],
+        )
+        await read_resumes(settings, at_least=1)
+    _age(settings, "old", 8)
+    _age(settings, "ancient", 15)
+    _age(settings, "consumed-old", 15)
+
+    async with AsyncConnectionPool(
+        settings.database_url.get_secret_value(), min_size=1, open=False
+    ) as pool:
+        expired, purged = await tidy_once(pool, settings)
+        # "ancient" is expired now and kept a purge window as expired; the consumed
+        # event is past retention + purge window and goes now.
+        assert (expired, purged) == (2, 1)
+        statuses = {
+            r["correlation_id"]: r["status"]
+            for r in rows(settings, "SELECT correlation_id, status FROM matcher.inbox")
+        }
+        assert statuses == {"fresh": "pending", "old": "expired", "ancient": "expired"}
+        assert await tidy_once(pool, settings) == (0, 0)
+        with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as c:
+            c.execute(
+                "UPDATE matcher.inbox SET status_at = now() - interval '8 days' "
+                "WHERE correlation_id = 'ancient'"
+            )
+        assert await tidy_once(pool, settings) == (0, 1)
+        assert {r["correlation_id"] for r in rows(settings, "SELECT * FROM matcher.inbox")} == {
+            "fresh",
+            "old",
+        }
+
+    # An expired event no longer resolves a new wait.
+    with psycopg.connect(settings.database_url.get_secret_value()) as conn:
+        wait = register_wait(
+            conn,
+            WaitSpec(
+                tenant="acme",
+                run_id="r2",
+                position=0,
+                event_types=["job.completed"],
+                correlation_id="old",
+            ),
+        )
+    assert wait.state == "waiting"
+
+
+async def test_relay_wakes_on_commit_not_on_its_poll(settings: Settings) -> None:
+    slow_poll = settings.model_copy(update={"relay_poll_interval_s": 60.0})
+    async with running_daemon(slow_poll):
+        await asyncio.sleep(1.0)  # let the relay settle into its (60 s) wait
+        with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as conn:
+            wait = register_wait(
+                conn,
+                WaitSpec(
+                    tenant="acme",
+                    run_id="r",
+                    position=0,
+                    event_types=["x"],
+                    correlation_id="wake",
+                ),
+            )
+            started = time.monotonic()
+            assert cancel_wait(conn, wait.id)  # another process's commit: NOTIFY wakes it
+        [resume] = await read_resumes(settings, at_least=1, timeout=10, settle=0.1)
+        assert time.monotonic() - started < 5
+    assert resume.outcome == "cancelled"
+
+
+async def test_refused_record_is_isolated_and_quarantined(settings: Settings) -> None:
+    """If Postgres refuses one record of a batch, the rest is stored and it is quarantined."""
+    good = [event(correlation=f"iso-{i}") for i in range(5)]
+    # Built without validation, as a parser bug would let it through.
+    poison = CompletionEvent.model_construct(
+        **{**event(correlation="iso-bad").model_dump(), "data": {"x": "a\x00b"}}
+    )
+    records = []
+    for n, e in enumerate([*good[:2], poison, *good[2:]]):
+        key, headers, value = to_record(good[0] if e is poison else e)
+        records.append(IngestRecord(settings.events_topic, 0, n, key, value, headers, e))
+    async with AsyncConnectionPool(
+        settings.database_url.get_secret_value(), min_size=1, open=False
+    ) as pool:
+        ingest = Ingest(settings, pool, asyncio.Event(), on_resolved=lambda: None)
+        result = await ingest._store(records)
+    assert result.accepted == 5
+    assert result.quarantined == 1
+    [bad] = rows(settings, "SELECT kafka_offset, reason, detail FROM matcher.quarantine")
+    assert (bad["kafka_offset"], bad["reason"]) == (2, "malformed")
+    assert "refused by the database" in bad["detail"]
+    assert scalar(settings, "SELECT count(*) FROM matcher.inbox") == 5
