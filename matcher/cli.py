@@ -24,6 +24,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Every option can also come from the environment: MATCHER_<COMMAND>_<OPTION>, e.g.
+    # MATCHER_WAITS_ADD_TENANT=acme or MATCHER_RESUMES_TAIL_TIMEOUT=10.
+    context_settings={"auto_envvar_prefix": "MATCHER", "show_default": True},
 )
 devstack_app = typer.Typer(
     help="A local Apache Kafka (KRaft) and PostgreSQL for development and tests, kept in "
