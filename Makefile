@@ -12,16 +12,16 @@ STAMP := $(VENV)/.installed-stamp
 USE_ENV := if [ -z "$${MATCHER_KAFKA_BOOTSTRAP_SERVERS:-}" ] || [ -z "$${MATCHER_DATABASE_URL:-}" ]; then \
 	$(BIN)/matcher devstack up && eval "$$($(BIN)/matcher devstack env)"; fi
 
-.PHONY: help install up down status migrate run lint test test-fast clean
+.PHONY: help install up down status migrate run lint test test-fast schemas clean
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml producers/python/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "matcher needs Python 3.11 or newer (set PYTHON=...)")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e producers/python -e '.[test]'
 	touch $@
 
 install: $(STAMP) ## Create the virtualenv and install matcher with its test tools.
@@ -39,19 +39,24 @@ migrate: install ## Apply migrations and create topics (on the devstack unless M
 	$(USE_ENV); $(BIN)/matcher migrate
 
 run: install ## Run the daemon in the foreground on the local stack; Ctrl-C stops it.
-	$(USE_ENV); $(BIN)/matcher migrate && exec $(BIN)/matcher run
+	$(USE_ENV); $(BIN)/matcher migrate && \
+	if [ -z "$${MATCHER_PRODUCERS_FILE:-}" ]; then export MATCHER_ALLOW_UNSIGNED=$${MATCHER_ALLOW_UNSIGNED:-true}; fi && \
+	exec $(BIN)/matcher run
 
 lint: install ## Lint, format check, strict type check, import contracts.
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy matcher tests
+	$(BIN)/mypy matcher tests producers/python
 	$(BIN)/lint-imports
 
 test: lint ## Lint, then every test against real Kafka and Postgres.
 	$(USE_ENV); $(BIN)/pytest
 
+schemas: install ## Regenerate schemas/ from the pydantic models (a test fails when they drift).
+	$(BIN)/python -m matcher.wire_schemas schemas
+
 test-fast: install ## Only the unit tests (no services).
-	$(BIN)/pytest tests/unit
+	$(BIN)/pytest tests/unit producers/python/tests
 
 clean: ## Remove the virtualenv and caches (the devstack's data stays; see `matcher devstack up --fresh`).
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

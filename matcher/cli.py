@@ -40,6 +40,11 @@ events_app = typer.Typer(help="Look at the event inbox.", no_args_is_help=True)
 app.add_typer(events_app, name="events")
 resumes_app = typer.Typer(help="Read the resume topic.", no_args_is_help=True)
 app.add_typer(resumes_app, name="resumes")
+quarantine_app = typer.Typer(
+    help="Rejected records: see why, and replay them after fixing the cause.",
+    no_args_is_help=True,
+)
+app.add_typer(quarantine_app, name="quarantine")
 
 err = Console(stderr=True)
 out = Console()
@@ -410,8 +415,16 @@ def emit(
     structured: Annotated[
         bool, typer.Option(help="Structured mode (whole event in the value), not binary.")
     ] = False,
+    key_id: Annotated[
+        str | None, typer.Option(help="Which key of a keyring file (TOML [keys] table).")
+    ] = None,
+    key_file: Annotated[
+        str | None,
+        typer.Option(help="Signing key: a whsec_/whsk_ line or a [keys] table. Default: unsigned."),
+    ] = None,
 ) -> None:
-    """Publish one completion event by hand (a CloudEvent on the events topic)."""
+    """Publish one completion event by hand (a CloudEvent on the events topic), signed
+    with --key-file as the producer SDK signs."""
     import uuid
 
     from pydantic import ValidationError
@@ -436,8 +449,102 @@ def emit(
         )
     except ValidationError as exc:
         _fail([f"matcher: {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()], 2)
-    asyncio.run(publish_event(settings, event, structured=structured))
+    signing_key = None
+    if key_file is not None:
+        from matcher_producer.cli import load_key
+
+        try:
+            signing_key = load_key(key_id, key_file)
+        except (ValueError, OSError) as exc:
+            _fail([f"matcher: --key-file: {exc}"], code=2)
+    asyncio.run(publish_event(settings, event, structured=structured, signing_key=signing_key))
     out.print(f"emitted {event.source}/{event.id} to {settings.events_topic}")
+
+
+@quarantine_app.command("list")
+def quarantine_list(
+    reason: Annotated[
+        str | None, typer.Option(help="Only this reason code (e.g. bad_signature).")
+    ] = None,
+    correlation: Annotated[str | None, typer.Option(help="Only this correlation id.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 100,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.")] = False,
+) -> None:
+    """List quarantined records, newest first, with the reason each was refused."""
+    from psycopg.rows import dict_row
+
+    from matcher.store.sql import query
+
+    params = {"reason": reason, "correlation_id": correlation, "limit": limit}
+    with _connect(_settings()) as conn, conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(query("quarantine", "list"), params).fetchall()
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table("id", "received", "at", "reason", "source", "event", "tenant", "detail")
+    for r in rows:
+        table.add_row(
+            str(r["id"]),
+            r["received_at"].isoformat(timespec="seconds"),
+            f"{r['kafka_partition']}@{r['kafka_offset']}",
+            r["reason"] + (f" (replayed: {r['replay_result']})" if r["replayed_at"] else ""),
+            r["producer"] or "-",
+            r["event_id"] or "-",
+            r["tenant"] or "-",
+            r["detail"] or "",
+        )
+    out.print(table)
+
+
+@quarantine_app.command("replay")
+def quarantine_replay(
+    record_id: Annotated[
+        int | None, typer.Argument(help="The quarantine id to replay.", show_default=False)
+    ] = None,
+    reason: Annotated[
+        str | None, typer.Option(help="Replay every unreplayed record with this reason.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Judge quarantined records again with the current producers file and limits; those
+    that pass are stored and matched like any other event (duplicates still recognised).
+    A record is judged as of when it first arrived (signature timestamps included)."""
+    from matcher.auth.registry import Registry, RegistryError, load_registry
+    from matcher.kafka.binding import inspect_record
+    from matcher.store.replay import replay
+
+    if (record_id is None) == (reason is None):
+        _fail(["matcher: give a quarantine ID or --reason, not both"], code=2)
+    settings = _settings()
+    if settings.producers_file is None and not settings.allow_unsigned:
+        _fail(["matcher: MATCHER_PRODUCERS_FILE is not set: nothing to judge against"], code=2)
+    try:
+        registry = load_registry(settings.producers_file) if settings.producers_file else Registry()
+    except RegistryError as exc:
+        _fail([f"matcher: {exc}"], code=2)
+    policy = settings.policy()
+
+    def judge(headers: Any, key: Any, value: Any, at: datetime) -> Any:
+        return inspect_record(headers, key, value, registry, policy, at)
+
+    async def go() -> Any:
+        import psycopg
+
+        async with await psycopg.AsyncConnection.connect(
+            settings.database_url.get_secret_value(), autocommit=True
+        ) as conn:
+            return await replay(conn, judge, quarantine_id=record_id, reason=reason)
+
+    outcomes = asyncio.run(go())
+    if as_json:
+        _print_json([o.__dict__ for o in outcomes])
+    else:
+        for o in outcomes:
+            print(f"{o.id}: {o.result}" + (f" ({o.detail})" if o.detail else ""))
+        if not outcomes:
+            print("nothing to replay")
+    if record_id is not None and not outcomes:
+        _fail([f"matcher: no unreplayed quarantine record {record_id}"])
 
 
 def main() -> None:

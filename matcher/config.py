@@ -9,11 +9,14 @@ from __future__ import annotations
 import contextlib
 import re
 from datetime import timedelta
+from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from matcher.auth.check import Policy
 
 ENV_PREFIX = "MATCHER_"
 
@@ -70,6 +73,18 @@ class Settings(BaseSettings):
     # Postgres pool.
     db_pool_min_size: int = Field(default=2, ge=1)
     db_pool_max_size: int = Field(default=8, ge=1)
+
+    # Producers: who may send what, with which keys (see matcher.auth.registry).
+    producers_file: Path | None = None
+    # Local development only: accept events without signatures (logged loudly at start).
+    allow_unsigned: bool = False
+    signature_tolerance_s: float = Field(default=300.0, gt=0)
+    max_event_bytes: int = Field(default=1024 * 1024, ge=1)
+    max_header_bytes: int = Field(default=16 * 1024, ge=1)
+    # Rejected records are also copied here, when set (the quarantine table always has them).
+    dead_letter_topic: str | None = None
+    # How often the producers file is checked for changes (SIGHUP reloads at once).
+    producers_reload_interval_s: float = Field(default=2.0, gt=0)
 
     # Ingest: records per batch (one transaction each) and how long a poll waits for them.
     ingest_batch_max: int = Field(default=500, ge=1, le=100_000)
@@ -135,15 +150,19 @@ class Settings(BaseSettings):
             raise ValueError("must be a postgresql:// URI")
         return value
 
-    @field_validator("events_topic", "resume_topic")
+    @field_validator("events_topic", "resume_topic", "dead_letter_topic")
     @classmethod
-    def _check_topic(cls, value: str) -> str:
+    def _check_topic(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
         if not _TOPIC_RE.match(value) or value in (".", ".."):
             raise ValueError("a Kafka topic name is 1-249 of the characters A-Z a-z 0-9 . _ -")
         return value
 
     @model_validator(mode="after")
     def _check_relations(self) -> Self:
+        if self.dead_letter_topic in (self.events_topic, self.resume_topic):
+            raise ValueError("MATCHER_DEAD_LETTER_TOPIC must differ from the other topics")
         if self.events_topic == self.resume_topic:
             raise ValueError(
                 "MATCHER_EVENTS_TOPIC and MATCHER_RESUME_TOPIC must be different topics"
@@ -153,6 +172,15 @@ class Settings(BaseSettings):
         if self.kafka_security_protocol.startswith("SASL_") and self.kafka_sasl_mechanism is None:
             raise ValueError("MATCHER_KAFKA_SASL_MECHANISM is required with a SASL_* protocol")
         return self
+
+    def policy(self) -> Policy:
+        """The gate's limits and rules, from these settings."""
+        return Policy(
+            require_signatures=not self.allow_unsigned,
+            timestamp_tolerance=timedelta(seconds=self.signature_tolerance_s),
+            max_value_bytes=self.max_event_bytes,
+            max_header_bytes=self.max_header_bytes,
+        )
 
     def kafka_client_options(self) -> dict[str, Any]:
         """Keyword arguments every aiokafka client gets (servers and security)."""

@@ -151,6 +151,8 @@ def settings(services: Services, db_url: str) -> Settings:
         events_topic=f"test.{suffix}.events",
         resume_topic=f"test.{suffix}.resumes",
         consumer_group=f"test.{suffix}",
+        # Most tests are not about authentication; the security tests set a registry.
+        allow_unsigned=True,
         # Quick loops: tests wait on outcomes, and slow polling only slows them down.
         ingest_poll_timeout_ms=50,
         relay_poll_interval_s=0.2,
@@ -177,10 +179,13 @@ def settings_env(settings: Settings) -> dict[str, str]:
         MATCHER_EVENTS_TOPIC=settings.events_topic,
         MATCHER_RESUME_TOPIC=settings.resume_topic,
         MATCHER_CONSUMER_GROUP=settings.consumer_group,
+        MATCHER_ALLOW_UNSIGNED=str(settings.allow_unsigned).lower(),
         MATCHER_INGEST_POLL_TIMEOUT_MS=str(settings.ingest_poll_timeout_ms),
         MATCHER_RELAY_POLL_INTERVAL_S=str(settings.relay_poll_interval_s),
         MATCHER_SWEEP_INTERVAL_S=str(settings.sweep_interval_s),
         MATCHER_JANITOR_INTERVAL_S=str(settings.janitor_interval_s),
         MATCHER_SHUTDOWN_TIMEOUT_S=str(settings.shutdown_timeout_s),
     )
+    if settings.producers_file is not None:
+        env["MATCHER_PRODUCERS_FILE"] = str(settings.producers_file)
     return env

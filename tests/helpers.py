@@ -14,18 +14,43 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from cloudevents.core.bindings import kafka as ce_kafka
+from cloudevents.core.formats.json import JSONFormat
+from cloudevents.core.v1.event import CloudEvent
 from psycopg.rows import dict_row
 
 from matcher.config import Settings
 from matcher.daemon import app as daemon_app
 from matcher.domain.events import CompletionEvent
 from matcher.domain.resume import ResumeData
-from matcher.kafka.binding import to_record
 from matcher.sdk import parse_resume
+
+
+def to_record(
+    event: CompletionEvent, *, structured: bool = False
+) -> tuple[bytes, list[tuple[str, bytes]], bytes]:
+    """(key, headers, value) of ``event`` in binary or structured mode, encoded by the
+    CloudEvents SDK: an implementation independent of the producer SDK's.
+
+    The key is tenant + correlation id, so one wait's events stay in order on one partition.
+    """
+    attributes: dict[str, Any] = {
+        k: v for k, v in event.model_dump(exclude_none=True).items() if k != "data"
+    }
+    attributes.setdefault("datacontenttype", "application/json")
+    attributes["time"] = event.time or datetime.now(UTC)
+    message_event = CloudEvent(attributes, event.data)
+    if structured:
+        message = ce_kafka.to_structured(message_event, JSONFormat(), key_mapper=lambda _: None)
+    else:
+        message = ce_kafka.to_binary(message_event, JSONFormat(), key_mapper=lambda _: None)
+    key = f"{event.tenant}\x1f{event.correlationid}".encode()
+    return key, list(message.headers.items()), message.value
 
 
 def event(

@@ -15,9 +15,11 @@ import signal
 from aiokafka.admin import AIOKafkaAdminClient
 from psycopg_pool import AsyncConnectionPool
 
+from matcher.auth.registry import RegistryError
 from matcher.config import Settings
 from matcher.daemon.ingest import Ingest
 from matcher.daemon.janitor import Janitor
+from matcher.daemon.registry_watch import RegistryHolder
 from matcher.daemon.relay import Relay
 from matcher.daemon.sweeper import Sweeper
 
@@ -64,9 +66,14 @@ async def _open_pool(settings: Settings) -> AsyncConnectionPool:
 
 
 async def _supervise(stop: asyncio.Event, tasks: list[asyncio.Task[None]], grace: float) -> None:
-    """Wait for a stop request or a loop's end; then stop all loops, cancelling laggards."""
+    """Wait for a stop request or a loop's end; then stop all loops, cancelling laggards.
+
+    A loop that ends (even without an error) before anyone asked to stop is a failure:
+    the daemon is no longer whole, so it exits non-zero for its supervisor to restart it.
+    """
     stop_waiter = asyncio.ensure_future(stop.wait())
-    await asyncio.wait([stop_waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    first_done, _ = await asyncio.wait([stop_waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    early = [] if stop_waiter in first_done else [t for t in tasks if t in first_done]
     stop.set()
     stop_waiter.cancel()
     _, pending = await asyncio.wait(tasks, timeout=grace)
@@ -75,8 +82,10 @@ async def _supervise(stop: asyncio.Event, tasks: list[asyncio.Task[None]], grace
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     failed = [t for t in tasks if not t.cancelled() and t.exception() is not None]
+    failed += [t for t in early if t not in failed]
     for task in failed:
-        log.error("loop failed", extra={"loop": task.get_name()}, exc_info=task.exception())
+        error = None if task.cancelled() else task.exception()
+        log.error("loop failed", extra={"loop": task.get_name()}, exc_info=error)
     if failed:
         raise LoopFailed(", ".join(t.get_name() for t in failed))
 
@@ -90,6 +99,11 @@ async def run(
     signals = (signal.SIGTERM, signal.SIGINT) if handle_signals else ()
     for sig in signals:
         loop.add_signal_handler(sig, stop.set)
+    if settings.producers_file is None and not settings.allow_unsigned:
+        raise StartupError(
+            "MATCHER_PRODUCERS_FILE is not set: without it no event can be authenticated "
+            "(set MATCHER_ALLOW_UNSIGNED=true to accept unsigned events in local development)"
+        )
     try:
         pool = await _open_pool(settings)
         try:
@@ -98,8 +112,18 @@ async def run(
                 raise StartupError(
                     f"topics {', '.join(missing)} do not exist: run `matcher migrate` first"
                 )
+            registry = RegistryHolder(settings)
+            try:
+                registry.load_initial()
+            except RegistryError as exc:
+                raise StartupError(str(exc)) from exc
+            if settings.allow_unsigned:
+                log.warning(
+                    "MATCHER_ALLOW_UNSIGNED is set: events WITHOUT SIGNATURES are accepted. "
+                    "This is for local development only; never run production like this."
+                )
             relay = Relay(settings, pool, stop)
-            ingest = Ingest(settings, pool, stop, on_resolved=relay.nudge)
+            ingest = Ingest(settings, pool, stop, on_resolved=relay.nudge, registry=registry)
             sweeper = Sweeper(settings, pool, stop, on_resolved=relay.nudge)
             janitor = Janitor(settings, pool, stop)
             tasks = [
@@ -107,6 +131,7 @@ async def run(
                 asyncio.create_task(relay.run(), name="relay"),
                 asyncio.create_task(sweeper.run(), name="sweeper"),
                 asyncio.create_task(janitor.run(), name="janitor"),
+                asyncio.create_task(registry.watch(stop), name="registry"),
             ]
             log.info(
                 "matcher ready",

@@ -10,18 +10,23 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 from psycopg_pool import AsyncConnectionPool
 
+from matcher.admin.metrics import EVENTS_RECEIVED, EVENTS_REJECTED
+from matcher.auth.check import Policy
+from matcher.auth.registry import Registry
 from matcher.config import Settings
 from matcher.daemon.faults import crash_point
+from matcher.daemon.registry_watch import RegistryHolder
 from matcher.domain.events import Rejection
-from matcher.kafka.binding import parse_record
+from matcher.kafka.binding import inspect_record
 from matcher.store.ingest import BatchResult, ConcurrentInsert, IngestRecord, store_batch
 
 log = logging.getLogger("matcher.ingest")
@@ -56,7 +61,10 @@ def _names(partitions: Sequence[TopicPartition]) -> str:
     return ",".join(f"{tp.topic}:{tp.partition}" for tp in sorted(partitions))
 
 
-def to_ingest_records(batch: dict[TopicPartition, list[Any]]) -> list[IngestRecord]:
+def to_ingest_records(
+    batch: dict[TopicPartition, list[Any]], registry: Registry, policy: Policy
+) -> list[IngestRecord]:
+    now = datetime.now(UTC)
     records: list[IngestRecord] = []
     for tp, messages in batch.items():
         for m in messages:
@@ -69,7 +77,7 @@ def to_ingest_records(batch: dict[TopicPartition, list[Any]]) -> list[IngestReco
                     key=m.key,
                     value=m.value,
                     headers=headers,
-                    parsed=parse_record(headers, m.key, m.value),
+                    parsed=inspect_record(headers, m.key, m.value, registry, policy, now),
                 )
             )
     return records
@@ -82,8 +90,12 @@ class Ingest:
         pool: AsyncConnectionPool,
         stop: asyncio.Event,
         on_resolved: Callable[[], None],
+        registry: RegistryHolder | None = None,
     ) -> None:
         self._settings = settings
+        self._registry = registry or RegistryHolder(settings)
+        self._policy = settings.policy()
+        self._dead_letters: AIOKafkaProducer | None = None
         self._pool = pool
         self._stop = stop
         self._on_resolved = on_resolved
@@ -103,6 +115,11 @@ class Ingest:
         )
         consumer.subscribe([s.events_topic], listener=_Revocations(self._batch_lock))
         self.consumer = consumer
+        if s.dead_letter_topic is not None:
+            self._dead_letters = AIOKafkaProducer(
+                **s.kafka_client_options(), enable_idempotence=True, acks="all"
+            )
+            await self._dead_letters.start()
         await consumer.start()
         try:
             while not self._stop.is_set():
@@ -115,17 +132,20 @@ class Ingest:
         finally:
             # Leaves the group at once, so the partitions move without a session timeout.
             await consumer.stop()
+            if self._dead_letters is not None:
+                await self._dead_letters.stop()
             log.info("ingest stopped")
 
     async def _handle(
         self, consumer: AIOKafkaConsumer, batch: dict[TopicPartition, list[Any]]
     ) -> None:
-        records = to_ingest_records(batch)
+        records = to_ingest_records(batch, self._registry.current, self._policy)
         result = await self._store(records)
         crash_point("ingest.after_db_commit")
         if result.matched:
             self._on_resolved()
-        log.debug("batch stored", extra=result.__dict__)
+        self._count(records, result)
+        await self._copy_to_dead_letters(records)
         assigned = consumer.assignment()
         offsets = {
             tp: OffsetAndMetadata(messages[-1].offset + 1, "")
@@ -145,6 +165,51 @@ class Ingest:
         except KafkaError as exc:
             log.warning(
                 "offset commit failed; the batch will be redelivered", extra={"error": repr(exc)}
+            )
+
+    def _count(self, records: list[IngestRecord], result: BatchResult) -> None:
+        EVENTS_RECEIVED.labels("accepted").inc(result.accepted)
+        EVENTS_RECEIVED.labels("duplicate").inc(result.duplicates)
+        EVENTS_RECEIVED.labels("rejected").inc(result.quarantined)
+        for record in records:
+            if isinstance(record.parsed, Rejection):
+                EVENTS_REJECTED.labels(record.parsed.reason).inc()
+                log.info(
+                    "event quarantined",
+                    extra={
+                        "reason": record.parsed.reason,
+                        "partition": record.partition,
+                        "offset": record.offset,
+                        **record.parsed.seen,
+                    },
+                )
+
+    async def _copy_to_dead_letters(self, records: list[IngestRecord]) -> None:
+        """Copy rejected records to the dead-letter topic. The quarantine row is the
+        durable record, so a failure here is logged, never fatal (and a redelivery of the
+        batch copies them again: at least once)."""
+        if self._dead_letters is None:
+            return
+        rejected = [r for r in records if isinstance(r.parsed, Rejection)]
+        if not rejected:
+            return
+        topic = self._settings.dead_letter_topic
+        try:
+            futures = []
+            for r in rejected:
+                assert isinstance(r.parsed, Rejection)
+                headers = [(k, v or b"") for k, v in r.headers] + [
+                    ("matcher-reason", r.parsed.reason.encode()),
+                    ("matcher-detail", r.parsed.detail.encode()[:1000]),
+                    ("matcher-origin", f"{r.topic}/{r.partition}/{r.offset}".encode()),
+                ]
+                futures.append(
+                    await self._dead_letters.send(topic, r.value, key=r.key, headers=headers)
+                )
+            await asyncio.gather(*futures)
+        except KafkaError as exc:
+            log.error(
+                "dead-letter copy failed", extra={"error": repr(exc), "records": len(rejected)}
             )
 
     async def _store(self, records: list[IngestRecord]) -> BatchResult:

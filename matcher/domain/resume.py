@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Final, Literal
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict
 
 from matcher.domain.waits import Outcome
 
-RESUME_TYPE = "matcher.resume"
-RESUME_SOURCE = "matcher"
+RESUME_TYPE: Final = "matcher.resume"
+RESUME_SOURCE: Final = "matcher"
 
 
 class ResumeEvent(BaseModel):
@@ -50,16 +50,28 @@ class ResumeData(BaseModel):
     deadline: datetime | None = None
 
 
+class ResumeCloudEvent(BaseModel):
+    """A message of the resume topic: a structured-mode JSON CloudEvent, key = run id."""
+
+    model_config = ConfigDict(frozen=True)
+
+    specversion: Literal["1.0"] = "1.0"
+    id: str  # the resolution id
+    source: Literal["matcher"] = RESUME_SOURCE
+    type: Literal["matcher.resume"] = RESUME_TYPE
+    subject: str  # the run id
+    time: datetime  # when the wait was resolved
+    datacontenttype: Literal["application/json"] = "application/json"
+    tenant: str
+    data: ResumeData
+
+
 def resume_cloudevent(data: ResumeData) -> dict[str, Any]:
     """The structured-mode JSON CloudEvent carrying ``data``."""
-    return {
-        "specversion": "1.0",
-        "id": str(data.resolution_id),
-        "source": RESUME_SOURCE,
-        "type": RESUME_TYPE,
-        "subject": data.run_id,
-        "time": data.resolved_at.isoformat(),
-        "datacontenttype": "application/json",
-        "tenant": data.tenant,
-        "data": data.model_dump(mode="json"),
-    }
+    return ResumeCloudEvent(
+        id=str(data.resolution_id),
+        subject=data.run_id,
+        time=data.resolved_at,
+        tenant=data.tenant,
+        data=data,
+    ).model_dump(mode="json")

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from cloudevents.core.bindings import kafka as ce_kafka
 from cloudevents.core.exceptions import BaseCloudEventException
 from cloudevents.core.formats.json import JSONFormat
-from cloudevents.core.v1.event import CloudEvent
 from pydantic import ValidationError
 
+from matcher.auth.check import Policy, check_event, check_size, is_structured
+from matcher.auth.registry import Registry
 from matcher.domain.events import CompletionEvent, Rejection
 
 _FORMAT = JSONFormat()
@@ -95,7 +96,7 @@ def parse_record(
     header_map = _header_dict(headers)
     message = ce_kafka.KafkaMessage(headers=header_map, key=key, value=value or b"")
     content_type = header_map.get("content-type", b"").decode("utf-8", "replace")
-    structured = content_type.lower().startswith("application/cloudevents")
+    structured = is_structured(header_map)
     try:
         if structured:
             envelope = json.loads(value or b"")
@@ -130,22 +131,26 @@ def parse_record(
         return Rejection("malformed", _short(exc), _peek(header_map, value))
 
 
-def to_record(
-    event: CompletionEvent, *, structured: bool = False
-) -> tuple[bytes, list[tuple[str, bytes]], bytes]:
-    """(key, headers, value) of ``event`` in binary or structured mode.
+def inspect_record(
+    headers: Headers,
+    key: bytes | None,
+    value: bytes | None,
+    registry: Registry,
+    policy: Policy,
+    now: datetime,
+) -> CompletionEvent | Rejection:
+    """The whole gate: size, CloudEvent shape, signature, tenant and type, payload schema.
 
-    The key is tenant + correlation id, so one wait's events stay in order on one partition.
+    ``now`` is the moment the record is judged at: the present for live traffic, the
+    original arrival for a replay from quarantine (so a replay is judged as the event
+    would have been, had the registry been right at the time).
     """
-    attributes: dict[str, Any] = {
-        k: v for k, v in event.model_dump(exclude_none=True).items() if k != "data"
-    }
-    attributes.setdefault("datacontenttype", "application/json")
-    attributes["time"] = event.time or datetime.now(UTC)
-    message_event = CloudEvent(attributes, event.data)
-    if structured:
-        message = ce_kafka.to_structured(message_event, _FORMAT, key_mapper=lambda _: None)
-    else:
-        message = ce_kafka.to_binary(message_event, _FORMAT, key_mapper=lambda _: None)
-    key = f"{event.tenant}\x1f{event.correlationid}".encode()
-    return key, list(message.headers.items()), message.value
+    header_map = _header_dict(headers)
+    too_large = check_size(header_map, key, value, policy)
+    if too_large is not None:
+        return Rejection(too_large.reason, too_large.detail, _peek(header_map, None))
+    parsed = parse_record(headers, key, value)
+    if isinstance(parsed, Rejection):
+        return parsed
+    refused = check_event(parsed, header_map, value or b"", registry, policy, now)
+    return parsed if refused is None else refused

@@ -9,20 +9,43 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from matcher_producer import CompletionEvent as ProducerEvent
+from matcher_producer import SigningKey, encode, sign_record
 
 from matcher.config import Settings
 from matcher.domain.events import CompletionEvent
-from matcher.kafka.binding import to_record
 
 
-async def publish_event(settings: Settings, event: CompletionEvent, *, structured: bool) -> None:
-    key, headers, value = to_record(event, structured=structured)
+async def publish_event(
+    settings: Settings,
+    event: CompletionEvent,
+    *,
+    structured: bool,
+    signing_key: SigningKey | None,
+) -> None:
+    """Encode, sign and send one event as the producer SDK does (the same code)."""
+    record = encode(
+        ProducerEvent(
+            source=event.source,
+            type=event.type,
+            tenant=event.tenant,
+            correlation_id=event.correlationid,
+            data=event.data,
+            job_id=event.jobid,
+            id=event.id,
+        ),
+        structured=structured,
+    )
+    if signing_key is not None:
+        record = sign_record(record, event.id, [signing_key])
     producer = AIOKafkaProducer(
         **settings.kafka_client_options(), enable_idempotence=True, acks="all"
     )
     await producer.start()
     try:
-        await producer.send_and_wait(settings.events_topic, value, key=key, headers=headers)
+        await producer.send_and_wait(
+            settings.events_topic, record.value, key=record.key, headers=record.headers
+        )
     finally:
         await producer.stop()
 

@@ -8,6 +8,7 @@ it needs and writes what it decided.
 
 from __future__ import annotations
 
+import base64
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -68,13 +69,32 @@ def _text(value: str | None) -> str | None:
     return None if value is None else value.replace("\x00", "\\x00")
 
 
-def _headers_json(headers: Sequence[tuple[str, bytes | None]]) -> Jsonb:
-    return Jsonb(
-        [
-            [_text(name), _text((value or b"").decode("utf-8", "backslashreplace"))]
-            for name, value in headers
-        ]
-    )
+def headers_to_json(headers: Sequence[tuple[str, bytes | None]]) -> list[dict[str, str]]:
+    """Headers as JSON, losslessly: text when it is UTF-8 without NUL, else base64."""
+    out: list[dict[str, str]] = []
+    for name, value in headers:
+        raw = value or b""
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        entry = {"name": _text(name) or ""}
+        if text is not None and "\x00" not in text:
+            entry["value"] = text
+        else:
+            entry["base64"] = base64.b64encode(raw).decode()
+        out.append(entry)
+    return out
+
+
+def headers_from_json(stored: list[dict[str, str]]) -> list[tuple[str, bytes]]:
+    return [
+        (
+            h["name"],
+            base64.b64decode(h["base64"]) if "base64" in h else h.get("value", "").encode(),
+        )
+        for h in stored
+    ]
 
 
 def _new_events(records: Sequence[IngestRecord]) -> list[NewEvent]:
@@ -147,7 +167,7 @@ def _quarantine_params(records: Sequence[IngestRecord]) -> dict[str, list[Any]]:
         columns["offset"].append(record.offset)
         columns["key"].append(record.key)
         columns["value"].append(record.value)
-        columns["headers"].append(_headers_json(record.headers))
+        columns["headers"].append(Jsonb(headers_to_json(record.headers)))
         columns["reason"].append(rejection.reason)
         columns["detail"].append(_text(rejection.detail))
         for name in ("producer", "event_id", "tenant", "type", "correlation_id"):

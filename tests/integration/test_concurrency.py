@@ -11,10 +11,19 @@ import psycopg
 
 from matcher.config import Settings
 from matcher.domain.waits import WaitSpec
-from matcher.kafka.binding import parse_record, to_record
+from matcher.kafka.binding import parse_record
 from matcher.sdk import register_wait, register_wait_async
 from matcher.store.ingest import IngestRecord, store_batch
-from tests.helpers import env_flag, event, eventually, produce, read_resumes, rows, running_daemon
+from tests.helpers import (
+    env_flag,
+    event,
+    eventually,
+    produce,
+    read_resumes,
+    rows,
+    running_daemon,
+    to_record,
+)
 
 
 def _spec(correlation: str, run: str) -> WaitSpec:

@@ -20,6 +20,7 @@ from tests.helpers import (
     rows,
     running_daemon,
     scalar,
+    to_record,
 )
 
 
@@ -198,8 +199,6 @@ async def test_malformed_message_between_good_ones_is_quarantined(settings: Sett
     with psycopg.connect(settings.database_url.get_secret_value()) as conn:
         register_wait(conn, _spec("corr-a", run="run-a"))
         register_wait(conn, _spec("corr-b", run="run-b"))
-    from matcher.kafka.binding import to_record
-
     key = b"same-partition"
     _, h1, v1 = to_record(first)
     _, h2, v2 = to_record(second)

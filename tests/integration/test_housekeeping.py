@@ -14,10 +14,9 @@ from matcher.daemon.ingest import Ingest
 from matcher.daemon.janitor import tidy_once
 from matcher.domain.events import CompletionEvent
 from matcher.domain.waits import WaitSpec
-from matcher.kafka.binding import to_record
 from matcher.sdk import cancel_wait, register_wait
 from matcher.store.ingest import IngestRecord
-from tests.helpers import event, read_resumes, rows, running_daemon, scalar
+from tests.helpers import event, read_resumes, rows, running_daemon, scalar, to_record
 
 
 def _age(settings: Settings, correlation: str, days: float) -> None:

@@ -36,6 +36,7 @@ def private_settings() -> Iterator[tuple[Devstack, Settings]]:
             database_url=env["MATCHER_DATABASE_URL"],
             relay_poll_interval_s=0.2,
             ingest_poll_timeout_ms=50,
+            allow_unsigned=True,
         )
         migrate(settings.database_url.get_secret_value())
         asyncio.run(

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from matcher.domain.events import CompletionEvent, Rejection
-from matcher.kafka.binding import parse_record, to_record
+from matcher.kafka.binding import parse_record
+from tests.helpers import to_record
 
 EVENT = CompletionEvent(
     id="evt-1",

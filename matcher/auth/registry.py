@@ -1,0 +1,173 @@
+"""The producer registry: which producers exist, what they may say, and their keys.
+
+A TOML file (``MATCHER_PRODUCERS_FILE``)::
+
+    [producers."billing-svc"]          # the CloudEvents `source`
+    tenants = ["acme", "globex"]       # tenants it may speak for ("*": any)
+    types = ["job.completed", "job.failed"]
+    [[producers."billing-svc".keys]]
+    id = "k1"
+    hmac_secret = "whsec_..."          # or: ed25519_public_key = "whpk_..."
+
+    [schemas]                          # optional: payload JSON Schema per event type,
+    "job.completed" = "schemas/job-completed.json"   # paths relative to this file
+    # or: schema_dir = "schemas"  (files named <type>.json)
+
+Several keys may be listed at once: that is how a key is rotated (add the new key, move
+the producers to it, remove the old one).
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from matcher.auth.signatures import VerifyingKey, decode_key
+
+
+class RegistryError(Exception):
+    """The producers file is unusable; the message lists every problem."""
+
+
+class KeySpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1, description="Names the key in logs; unique per producer.")
+    hmac_secret: str | None = Field(default=None, description="whsec_ + base64 secret.")
+    ed25519_public_key: str | None = Field(default=None, description="whpk_ + base64 key.")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> KeySpec:
+        if (self.hmac_secret is None) == (self.ed25519_public_key is None):
+            raise ValueError("give exactly one of hmac_secret or ed25519_public_key")
+        if self.hmac_secret is not None:
+            decode_key(self.hmac_secret, "whsec_")
+        if (
+            self.ed25519_public_key is not None
+            and len(decode_key(self.ed25519_public_key, "whpk_")) != 32
+        ):
+            raise ValueError("ed25519_public_key must hold 32 bytes")
+        return self
+
+    def verifying_key(self) -> VerifyingKey:
+        if self.hmac_secret is not None:
+            return VerifyingKey(self.id, hmac_secret=decode_key(self.hmac_secret, "whsec_"))
+        assert self.ed25519_public_key is not None
+        public = Ed25519PublicKey.from_public_bytes(decode_key(self.ed25519_public_key, "whpk_"))
+        return VerifyingKey(self.id, ed25519_public_key=public)
+
+
+class ProducerSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tenants: list[str] = Field(min_length=1, description='Tenants it may speak for; "*": any.')
+    types: list[str] = Field(min_length=1, description='Event types it may send; "*": any.')
+    keys: list[KeySpec] = Field(default_factory=list)
+
+    @field_validator("keys")
+    @classmethod
+    def _unique_ids(cls, keys: list[KeySpec]) -> list[KeySpec]:
+        ids = [k.id for k in keys]
+        if len(ids) != len(set(ids)):
+            raise ValueError("key ids must be unique within a producer")
+        return keys
+
+
+class ProducersFile(BaseModel):
+    """The whole producers file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    producers: dict[str, ProducerSpec] = Field(default_factory=dict)
+    schemas: dict[str, str] = Field(
+        default_factory=dict, description="Event type to JSON Schema file."
+    )
+    schema_dir: str | None = Field(
+        default=None, description="A directory of <event type>.json JSON Schemas."
+    )
+
+
+@dataclass(frozen=True)
+class Producer:
+    source: str
+    tenants: frozenset[str]
+    types: frozenset[str]
+    keys: tuple[VerifyingKey, ...]
+
+    def may_speak_for(self, tenant: str) -> bool:
+        return "*" in self.tenants or tenant in self.tenants
+
+    def may_send(self, event_type: str) -> bool:
+        return "*" in self.types or event_type in self.types
+
+
+@dataclass(frozen=True)
+class Registry:
+    producers: dict[str, Producer] = field(default_factory=dict)
+    schemas: dict[str, Draft202012Validator] = field(default_factory=dict)
+    origin: str = "(empty)"
+
+
+def _problems(exc: ValidationError) -> list[str]:
+    return [
+        f"{'.'.join(str(p) for p in e['loc']) or '(file)'}: "
+        + str(e["msg"]).removeprefix("Value error, ")
+        for e in exc.errors()
+    ]
+
+
+def _load_schema(path: Path) -> Draft202012Validator:
+    try:
+        schema: Any = json.loads(path.read_text())
+        Draft202012Validator.check_schema(schema)
+    except (OSError, ValueError) as exc:
+        raise RegistryError(f"schema {path}: {exc}") from exc
+    except SchemaError as exc:
+        raise RegistryError(f"schema {path}: not a valid JSON Schema: {exc.message}") from exc
+    return Draft202012Validator(schema)
+
+
+def parse_registry(text: str, base: Path, origin: str = "(text)") -> Registry:
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise RegistryError(f"{origin}: not valid TOML: {exc}") from exc
+    try:
+        spec = ProducersFile.model_validate(raw)
+    except ValidationError as exc:
+        raise RegistryError(f"{origin}: " + "; ".join(_problems(exc))) from exc
+    schemas: dict[str, Draft202012Validator] = {}
+    if spec.schema_dir is not None:
+        directory = (base / spec.schema_dir).resolve()
+        if not directory.is_dir():
+            raise RegistryError(f"{origin}: schema_dir {directory} is not a directory")
+        for path in sorted(directory.glob("*.json")):
+            schemas[path.stem] = _load_schema(path)
+    for event_type, relative in spec.schemas.items():
+        schemas[event_type] = _load_schema((base / relative).resolve())
+    producers = {
+        source: Producer(
+            source=source,
+            tenants=frozenset(p.tenants),
+            types=frozenset(p.types),
+            keys=tuple(k.verifying_key() for k in p.keys),
+        )
+        for source, p in spec.producers.items()
+    }
+    return Registry(producers=producers, schemas=schemas, origin=origin)
+
+
+def load_registry(path: Path) -> Registry:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise RegistryError(f"cannot read producers file {path}: {exc.strerror}") from exc
+    return parse_registry(text, path.parent, origin=str(path))

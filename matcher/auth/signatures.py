@@ -1,0 +1,102 @@
+"""Standard Webhooks signatures over Kafka records.
+
+Headers: ``webhook-id`` (must equal the CloudEvent id), ``webhook-timestamp`` (Unix
+seconds), ``webhook-signature`` (space-separated ``v1,<base64 HMAC-SHA256>`` and/or
+``v1a,<base64 Ed25519>``). The signed bytes are ``{webhook-id}.{webhook-timestamp}.`` and
+then the *content*:
+
+- structured mode: exactly the Kafka value, so any Standard Webhooks library signs it;
+- binary mode: ``matcher.binary.v1`` followed by one netstring (``<length>:<bytes>,``) per
+  CloudEvents attribute header, in the order of ``BINARY_ATTRIBUTES`` (the raw header
+  bytes; an absent header is the empty string), then the Kafka value (the data).
+
+The definition, with test vectors, is published in ``schemas/signatures.md``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+BINARY_PREFIX = b"matcher.binary.v1"
+# Every attribute used for matching or recorded as a fact, in signing order.
+BINARY_ATTRIBUTES = ("source", "id", "type", "tenant", "correlationid", "jobid", "time")
+
+
+def netstring(value: bytes) -> bytes:
+    return str(len(value)).encode() + b":" + value + b","
+
+
+def binary_content(headers: Mapping[str, bytes], value: bytes) -> bytes:
+    """The signed content of a binary-mode record (see the module docstring)."""
+    parts = [BINARY_PREFIX]
+    parts.extend(netstring(headers.get(f"ce_{name}", b"")) for name in BINARY_ATTRIBUTES)
+    parts.append(netstring(headers.get("content-type", b"")))
+    parts.append(value)
+    return b"".join(parts)
+
+
+def signed_bytes(webhook_id: bytes, timestamp: bytes, content: bytes) -> bytes:
+    return webhook_id + b"." + timestamp + b"." + content
+
+
+@dataclass(frozen=True)
+class VerifyingKey:
+    """One active key of a producer: an HMAC secret or an Ed25519 public key."""
+
+    id: str
+    hmac_secret: bytes | None = None
+    ed25519_public_key: Ed25519PublicKey | None = None
+
+
+def decode_key(text: str, prefix: str) -> bytes:
+    """``whsec_``/``whpk_``/``whsk_`` + base64 (padding optional) to bytes."""
+    if not text.startswith(prefix):
+        raise ValueError(f"must start with {prefix!r}")
+    body = text[len(prefix) :]
+    try:
+        raw = base64.b64decode(body + "=" * (-len(body) % 4), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError("is not valid base64") from exc
+    if not raw:
+        raise ValueError("is empty")
+    return raw
+
+
+def _signatures(header: str) -> Iterable[tuple[str, bytes]]:
+    for item in header.split(" "):
+        version, _, encoded = item.partition(",")
+        if not encoded:
+            continue
+        try:
+            yield version, base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError):
+            continue
+
+
+def verify(signature_header: str, message: bytes, keys: Iterable[VerifyingKey]) -> str | None:
+    """The id of the key that signed ``message``, or None. Comparisons are constant-time."""
+    offered = list(_signatures(signature_header))
+    for key in keys:
+        if key.hmac_secret is not None:
+            expected = hmac.new(key.hmac_secret, message, hashlib.sha256).digest()
+            for version, signature in offered:
+                if version == "v1" and hmac.compare_digest(expected, signature):
+                    return key.id
+        if key.ed25519_public_key is not None:
+            for version, signature in offered:
+                if version != "v1a":
+                    continue
+                try:
+                    key.ed25519_public_key.verify(signature, message)
+                except InvalidSignature:
+                    continue
+                return key.id
+    return None

@@ -1,0 +1,95 @@
+"""Keeps the producer registry current: reload on SIGHUP or when the file changes.
+
+A broken file never replaces a good registry: the error is logged and the last good one
+stays in force until the file is fixed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from pathlib import Path
+
+from matcher.auth.registry import Registry, RegistryError, load_registry
+from matcher.config import Settings
+
+log = logging.getLogger("matcher.registry")
+
+
+class RegistryHolder:
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._path: Path | None = settings.producers_file
+        self._stamp: tuple[float, int] | None = None
+        self.current = Registry()
+        self.reloads = 0
+
+    def load_initial(self) -> None:
+        """Load at start; a broken file here stops the daemon (RegistryError)."""
+        if self._path is None:
+            return
+        self._stamp = self._file_stamp()
+        self.current = load_registry(self._path)
+        log.info(
+            "producer registry loaded",
+            extra={"file": str(self._path), "producers": len(self.current.producers)},
+        )
+
+    def _file_stamp(self) -> tuple[float, int] | None:
+        assert self._path is not None
+        try:
+            stat = self._path.stat()
+        except OSError:
+            return None
+        return (stat.st_mtime, stat.st_size)
+
+    def reload(self, why: str) -> bool:
+        if self._path is None:
+            return False
+        self._stamp = self._file_stamp()
+        try:
+            registry = load_registry(self._path)
+        except RegistryError as exc:
+            log.error(
+                "producer registry not reloaded; the last good one stays in force",
+                extra={"file": str(self._path), "why": why, "error": str(exc)},
+            )
+            return False
+        self.current = registry
+        self.reloads += 1
+        log.info(
+            "producer registry reloaded",
+            extra={"file": str(self._path), "why": why, "producers": len(registry.producers)},
+        )
+        return True
+
+    async def watch(self, stop: asyncio.Event) -> None:
+        if self._path is None:
+            await stop.wait()  # nothing to watch; a loop that returns would stop the daemon
+            return
+        loop = asyncio.get_running_loop()
+        hup = asyncio.Event()
+        with contextlib.suppress(ValueError, RuntimeError):  # not the main thread: no SIGHUP
+            loop.add_signal_handler(signal.SIGHUP, hup.set)
+        try:
+            while not stop.is_set():
+                waiters = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(hup.wait())}
+                _, pending = await asyncio.wait(
+                    waiters,
+                    timeout=self._settings.producers_reload_interval_s,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                for waiter in pending:
+                    waiter.cancel()
+                if stop.is_set():
+                    break
+                if hup.is_set():
+                    hup.clear()
+                    self.reload("SIGHUP")
+                elif self._file_stamp() != self._stamp:
+                    self.reload("file changed")
+        finally:
+            with contextlib.suppress(ValueError, RuntimeError):
+                loop.remove_signal_handler(signal.SIGHUP)

@@ -1,0 +1,15 @@
+"""Build, sign and publish completion events for matcher."""
+
+from matcher_producer.event import CompletionEvent, KafkaRecord, encode
+from matcher_producer.publisher import EventPublisher
+from matcher_producer.signing import SigningKey, binary_content, sign_record
+
+__all__ = [
+    "CompletionEvent",
+    "EventPublisher",
+    "KafkaRecord",
+    "SigningKey",
+    "binary_content",
+    "encode",
+    "sign_record",
+]

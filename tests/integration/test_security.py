@@ -1,0 +1,424 @@
+"""Invariants 5 and 6 end to end: only authenticated, allowed, valid events advance runs.
+
+Every test here runs the real daemon against real Kafka and Postgres with a producers
+file and signatures required.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import psycopg
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from matcher_producer import CompletionEvent as ProducerEvent
+from matcher_producer import KafkaRecord, SigningKey, encode, sign_record
+from prometheus_client import REGISTRY
+
+from matcher.auth.check import REASONS
+from matcher.config import Settings
+from matcher.domain.waits import WaitSpec
+from matcher.kafka.topics import ensure_topics
+from matcher.sdk import register_wait
+from tests.helpers import (
+    DaemonProcess,
+    env_flag,
+    eventually,
+    process_env,
+    produce_raw,
+    read_resumes,
+    rows,
+    running_daemon,
+    scalar,
+)
+
+K1 = "whsec_" + base64.b64encode(b"k1-secret-of-the-billing-service").decode()
+K2 = "whsec_" + base64.b64encode(b"k2-secret-of-the-billing-service").decode()
+STRANGER = "whsec_" + base64.b64encode(b"a-key-nobody-has-registered-here").decode()
+
+SCHEMA = {
+    "type": "object",
+    "required": ["rows"],
+    "properties": {"rows": {"type": "integer", "minimum": 0}},
+}
+
+
+def _producers_file(directory: Path, keys: dict[str, str], *, broken: bool = False) -> Path:
+    path = directory / "producers.toml"
+    (directory / "schemas").mkdir(exist_ok=True)
+    (directory / "schemas" / "job.completed.json").write_text(json.dumps(SCHEMA))
+    key_lines = "\n".join(
+        f'[[producers."billing-svc".keys]]\nid = "{k}"\nhmac_secret = "{v}"'
+        for k, v in keys.items()
+    )
+    text = f"""
+schema_dir = "schemas"
+
+[producers."billing-svc"]
+tenants = ["acme"]
+types = ["job.completed", "job.failed"]
+{key_lines}
+"""
+    if broken:
+        text += "\n[producers.oops\n"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)  # atomic, as config management tools do it
+    return path
+
+
+@pytest.fixture
+def secure(settings: Settings, tmp_path: Path) -> Settings:
+    return settings.model_copy(
+        update={
+            "allow_unsigned": False,
+            "producers_file": _producers_file(tmp_path, {"k1": K1}),
+            "max_event_bytes": 8192,
+            "producers_reload_interval_s": 0.2,
+        }
+    )
+
+
+def _signed(
+    key: str | None = K1,
+    *,
+    structured: bool = False,
+    timestamp: int | None = None,
+    **fields: object,
+) -> tuple[ProducerEvent, KafkaRecord]:
+    values: dict[str, object] = {
+        "source": "billing-svc",
+        "type": "job.completed",
+        "tenant": "acme",
+        "correlation_id": f"c-{uuid.uuid4().hex[:8]}",
+        "data": {"rows": 7},
+    }
+    values.update(fields)
+    event = ProducerEvent(**values)  # type: ignore[arg-type]
+    record = encode(event, structured=structured)
+    if key is not None:
+        record = sign_record(record, event.id, [SigningKey.parse("k", key)], timestamp)
+    return event, record
+
+
+def _wait_for(settings: Settings, event: ProducerEvent, tenant: str | None = None) -> None:
+    with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as conn:
+        register_wait(
+            conn,
+            WaitSpec(
+                tenant=tenant or event.tenant,
+                run_id=f"run-{event.correlation_id}",
+                position=0,
+                event_types=["job.completed", "job.failed", "job.progress"],
+                correlation_id=event.correlation_id,
+            ),
+        )
+
+
+def _metric(reason: str) -> float:
+    value = REGISTRY.get_sample_value("matcher_events_rejected_total", {"reason": reason})
+    return value or 0.0
+
+
+async def _dead_letters(settings: Settings, topic: str, want: int) -> list[dict[str, bytes]]:
+    consumer = AIOKafkaConsumer(**settings.kafka_client_options(), group_id=None)
+    await consumer.start()
+    found: list[dict[str, bytes]] = []
+    try:
+        partitions = [TopicPartition(topic, p) for p in range(settings.topic_partitions)]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        deadline = time.monotonic() + 30
+        while len(found) < want and time.monotonic() < deadline:
+            for records in (await consumer.getmany(timeout_ms=200)).values():
+                found.extend(dict(r.headers) for r in records)
+    finally:
+        await consumer.stop()
+    return found
+
+
+async def test_every_reason_code_is_quarantined_and_advances_nothing(secure: Settings) -> None:
+    dead_letter_topic = secure.events_topic + ".dlq"
+    await ensure_topics(secure.kafka_client_options(), [dead_letter_topic], partitions=6)
+    secure = secure.model_copy(update={"dead_letter_topic": dead_letter_topic})
+    crafted: dict[str, tuple[ProducerEvent, KafkaRecord]] = {
+        "unknown_producer": _signed(STRANGER, source="mallory-svc"),
+        "bad_signature": _signed(STRANGER),
+        "expired_timestamp": _signed(timestamp=int(time.time()) - 600),
+        "tenant_not_allowed": _signed(tenant="globex"),
+        "type_not_allowed": _signed(type="job.progress"),
+        "schema_invalid": _signed(data={"rows": "many"}),
+        "too_large": _signed(data={"rows": 1, "pad": "x" * 9000}),
+    }
+    good_event, good_record = _signed(structured=True)
+    for event, _ in crafted.values():
+        _wait_for(secure, event)
+    # The wrong-tenant event's correlation id is also awaited by a run of that tenant.
+    _wait_for(secure, crafted["tenant_not_allowed"][0], tenant="globex")
+    _wait_for(secure, good_event)
+    before = {reason: _metric(reason) for reason in REASONS}
+
+    key = b"one-partition"  # all on one partition, the good one last
+    messages = [(key, r.headers, r.value) for _, r in crafted.values()]
+    messages.insert(3, (key, [("content-type", b"application/cloudevents+json")], b"\x00{"))
+    messages.append((key, good_record.headers, good_record.value))
+    async with running_daemon(secure):
+        await produce_raw(secure, messages)
+        [resume] = await read_resumes(secure, at_least=1)
+        await eventually(
+            lambda: scalar(secure, "SELECT count(*) FROM matcher.quarantine") == len(REASONS)
+        )
+        letters = await _dead_letters(secure, dead_letter_topic, len(REASONS))
+
+    assert resume.event is not None
+    assert resume.event.id == good_event.id
+    quarantined = rows(secure, "SELECT reason, producer, tenant FROM matcher.quarantine")
+    assert sorted(q["reason"] for q in quarantined) == sorted(REASONS)
+    assert scalar(secure, "SELECT count(*) FROM matcher.waits WHERE state <> 'waiting'") == 1
+    assert scalar(secure, "SELECT count(*) FROM matcher.inbox") == 1
+    for reason in REASONS:
+        assert _metric(reason) - before[reason] == 1, reason
+    assert sorted(h["matcher-reason"].decode() for h in letters) == sorted(REASONS)
+
+
+async def test_a_producer_cannot_resolve_another_tenants_wait(secure: Settings) -> None:
+    event, record = _signed(tenant="globex")  # validly signed, wrong tenant
+    _wait_for(secure, event, tenant="globex")
+    after, after_record = _signed(correlation_id=event.correlation_id, tenant="acme")
+    _wait_for(secure, after)
+    async with running_daemon(secure):
+        await produce_raw(
+            secure,
+            [
+                (b"k", record.headers, record.value),
+                (b"k", after_record.headers, after_record.value),
+            ],
+        )
+        [resume] = await read_resumes(secure, at_least=1)
+    assert resume.tenant == "acme"
+    [globex_wait] = rows(secure, "SELECT state FROM matcher.waits WHERE tenant = 'globex'")
+    assert globex_wait["state"] == "waiting"
+    assert scalar(secure, "SELECT reason FROM matcher.quarantine") == "tenant_not_allowed"
+
+
+def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    env = process_env(settings)
+    env["MATCHER_ALLOW_UNSIGNED"] = "false"
+    env["MATCHER_PRODUCERS_FILE"] = str(settings.producers_file)
+    return subprocess.run(
+        [sys.executable, "-m", "matcher", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+async def test_registry_reload_rotation_and_replay(secure: Settings, tmp_path: Path) -> None:
+    env = process_env(secure)
+    env.update(
+        MATCHER_ALLOW_UNSIGNED="false",
+        MATCHER_PRODUCERS_FILE=str(secure.producers_file),
+        MATCHER_PRODUCERS_RELOAD_INTERVAL_S="0.2",
+    )
+    daemon = DaemonProcess(env)
+    daemon.wait_ready()
+
+    async def deliver(key: str) -> ProducerEvent:
+        event, record = _signed(key)
+        _wait_for(secure, event)
+        await produce_raw(secure, [(None, record.headers, record.value)])
+        return event
+
+    def stored(event: ProducerEvent) -> Callable[[], bool]:
+        def check() -> bool:
+            return bool(
+                scalar(
+                    secure,
+                    "SELECT (SELECT count(*) FROM matcher.inbox WHERE event_id = %s)"
+                    " + (SELECT count(*) FROM matcher.quarantine WHERE event_id = %s)",
+                    [event.id, event.id],
+                )
+            )
+
+        return check
+
+    try:
+        early_k2 = await deliver(K2)  # k2 is not registered yet
+        await eventually(stored(early_k2))
+        assert scalar(secure, "SELECT reason FROM matcher.quarantine") == "bad_signature"
+
+        _producers_file(tmp_path, {"k1": K1, "k2": K2})  # rotation: both keys listed
+        await eventually(lambda: "producer registry reloaded" in daemon.output, timeout=10)
+        for key in (K1, K2):
+            accepted = await deliver(key)
+            await eventually(stored(accepted))
+            assert (
+                scalar(
+                    secure, "SELECT count(*) FROM matcher.inbox WHERE event_id = %s", [accepted.id]
+                )
+                == 1
+            )
+
+        _producers_file(tmp_path, {"k2": K2}, broken=True)  # a broken edit...
+        await eventually(lambda: "not reloaded" in daemon.output, timeout=10)
+        daemon.process.send_signal(signal.SIGHUP)  # ...and a SIGHUP on it
+        await asyncio.sleep(0.5)
+        still = await deliver(K1)  # the last good registry (with k1) is still in force
+        await eventually(stored(still))
+        assert (
+            scalar(secure, "SELECT count(*) FROM matcher.inbox WHERE event_id = %s", [still.id])
+            == 1
+        )
+
+        _producers_file(tmp_path, {"k2": K2})  # k1 retired
+        await eventually(lambda: daemon.output.count("producer registry reloaded") >= 2, timeout=10)
+        retired = await deliver(K1)
+        await eventually(stored(retired))
+        assert (
+            scalar(
+                secure, "SELECT reason FROM matcher.quarantine WHERE event_id = %s", [retired.id]
+            )
+            == "bad_signature"
+        )
+
+        # Replay: the early k2 event passes now (judged as of its arrival) and resolves.
+        [row] = rows(secure, "SELECT id FROM matcher.quarantine WHERE event_id = %s", [early_k2.id])
+        replayed = _cli(secure, "quarantine", "replay", str(row["id"]), "--json")
+        assert replayed.returncode == 0, replayed.stderr
+        assert json.loads(replayed.stdout) == [
+            {"id": row["id"], "result": "accepted", "detail": ""}
+        ]
+        again = _cli(secure, "quarantine", "replay", str(row["id"]))
+        assert again.returncode == 1  # already replayed
+        still_bad = _cli(secure, "quarantine", "replay", "--reason", "bad_signature", "--json")
+        assert [o["result"] for o in json.loads(still_bad.stdout)] == ["bad_signature"]
+        listed = _cli(secure, "quarantine", "list", "--json")
+        assert {q["event_id"]: q["replay_result"] for q in json.loads(listed.stdout)} == {
+            early_k2.id: "accepted",
+            retired.id: None,
+        }
+        resumes = await read_resumes(secure, at_least=4)
+        assert early_k2.id in {r.event.id for r in resumes if r.event}
+    finally:
+        assert daemon.terminate() == 0, daemon.output
+
+
+async def test_replaying_a_duplicate_is_recognised(secure: Settings) -> None:
+    event, record = _signed(K1)
+    _wait_for(secure, event)
+    # The same event twice: once with a stranger's signature, once properly.
+    bad = sign_record(
+        replace(record, headers=[h for h in record.headers if not h[0].startswith("webhook-")]),
+        event.id,
+        [SigningKey.parse("x", STRANGER)],
+    )
+    async with running_daemon(secure):
+        await produce_raw(
+            secure, [(b"k", bad.headers, bad.value), (b"k", record.headers, record.value)]
+        )
+        await read_resumes(secure, at_least=1)
+    # Judged with the stranger's key added, the quarantined copy is valid, but a duplicate.
+    extra = secure.producers_file.parent / "with-stranger.toml"  # type: ignore[union-attr]
+    extra.write_text(
+        secure.producers_file.read_text()  # type: ignore[union-attr]
+        + f'\n[[producers."billing-svc".keys]]\nid = "x"\nhmac_secret = "{STRANGER}"\n'
+    )
+    result = _cli(
+        secure.model_copy(update={"producers_file": extra}),
+        "quarantine",
+        "replay",
+        "--reason",
+        "bad_signature",
+        "--json",
+    )
+    assert result.returncode == 0, result.stderr
+    assert [o["result"] for o in json.loads(result.stdout)] == ["duplicate"]
+    assert scalar(secure, "SELECT count(*) FROM matcher.outbox") == 1
+
+
+def _mutations(
+    rng: random.Random, count: int
+) -> list[tuple[bytes | None, list[tuple[str, bytes]], bytes]]:
+    """Random and mutated messages: flipped bytes, garbled or missing headers, invalid
+    UTF-8, huge values, truncations, pure noise."""
+    out: list[tuple[bytes | None, list[tuple[str, bytes]], bytes]] = []
+    for n in range(count):
+        _, record = _signed(structured=rng.random() < 0.5, correlation_id=f"fuzz-{n % 50}")
+        headers = list(record.headers)
+        value = bytearray(record.value)
+        for _ in range(rng.randint(1, 4)):
+            choice = rng.randrange(8)
+            if choice == 0 and value:
+                value[rng.randrange(len(value))] = rng.randrange(256)
+            elif choice == 1 and headers:
+                name, _ = headers.pop(rng.randrange(len(headers)))
+                headers.append((name, bytes(rng.randrange(256) for _ in range(rng.randint(0, 40)))))
+            elif choice == 2 and headers:
+                headers.pop(rng.randrange(len(headers)))
+            elif choice == 3:
+                value = bytearray(rng.randbytes(rng.randint(0, 300)))
+            elif choice == 4:
+                value = value[: rng.randint(0, len(value))]
+            elif choice == 5:
+                value += b"\xff\xfe\xc3\x28" * rng.randint(1, 4)
+            elif choice == 6:
+                headers.append(
+                    (
+                        rng.choice(["ce_tenant", "webhook-signature", "ce_id", "x"]),
+                        rng.randbytes(12),
+                    )
+                )
+            else:
+                value = bytearray(b"{" * rng.randint(1, 20000))  # deep or huge JSON
+        key = rng.choice([None, b"", rng.randbytes(8)])
+        out.append((key, headers, bytes(value)))
+    return out
+
+
+async def test_fuzzed_messages_never_stall_crash_or_advance(secure: Settings) -> None:
+    count = env_flag("MATCHER_TEST_FUZZ_MESSAGES", 2000)
+    rng = random.Random(20261130)
+    for n in range(50):
+        _wait_for(
+            secure,
+            ProducerEvent(
+                source="s", type="job.completed", tenant="acme", correlation_id=f"fuzz-{n}"
+            ),
+        )
+    sentinel, sentinel_record = _signed(structured=False)
+    _wait_for(secure, sentinel)
+    messages = _mutations(rng, count)
+    messages.append((b"last", sentinel_record.headers, sentinel_record.value))
+    async with running_daemon(secure) as task:
+        await produce_raw(secure, messages)
+        resumes = await read_resumes(secure, at_least=1, timeout=120)
+        assert not task.done(), "the daemon stopped"
+    resolved = [r.event.id for r in resumes if r.event]
+    # A mutation may leave a message intact (e.g. it only dropped an unused header): such
+    # a message is a valid event and may resolve its wait. Anything else may not.
+    valid_ids = {sentinel.id}
+    for _, headers, _ in messages[:-1]:
+        names = dict(headers)
+        if names.get("webhook-id"):
+            valid_ids.add(names["webhook-id"].decode("utf-8", "replace"))
+    assert sentinel.id in resolved
+    assert set(resolved) <= valid_ids
+    total = scalar(secure, "SELECT count(*) FROM matcher.quarantine") + scalar(
+        secure, "SELECT count(*) FROM matcher.inbox"
+    )
+    assert total == len(messages)  # every record is accounted for: stored or quarantined
+    reasons = {r["reason"] for r in rows(secure, "SELECT DISTINCT reason FROM matcher.quarantine")}
+    assert {"malformed", "bad_signature", "too_large"} <= reasons  # the fuzz reached the gate

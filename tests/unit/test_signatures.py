@@ -1,0 +1,223 @@
+"""Signatures: the published vectors, both implementations, an independent library, and
+the verifier's refusals."""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from matcher_producer import CompletionEvent as ProducerEvent
+from matcher_producer import SigningKey, binary_content, encode, sign_record
+from standardwebhooks import Webhook
+
+from matcher.auth.check import Policy
+from matcher.auth.registry import Registry, parse_registry
+from matcher.auth.signatures import binary_content as daemon_binary_content
+from matcher.auth.signatures import signed_bytes
+from matcher.domain.events import CompletionEvent, Rejection
+from matcher.kafka.binding import inspect_record
+from matcher.wire_schemas import generate
+
+SCHEMAS = Path(__file__).parents[2] / "schemas"
+VECTORS: list[dict[str, Any]] = json.loads((SCHEMAS / "signature-vectors.json").read_text())[
+    "cases"
+]
+
+
+def _registry(key: str, tenants: str = '["acme"]', types: str = '["job.completed"]') -> Registry:
+    field = "hmac_secret" if key.startswith("whsec_") else "ed25519_public_key"
+    return parse_registry(
+        f"""
+        [producers."billing-svc"]
+        tenants = {tenants}
+        types = {types}
+        [[producers."billing-svc".keys]]
+        id = "k1"
+        {field} = "{key}"
+        """,
+        Path("."),
+    )
+
+
+def _at(case: dict[str, Any]) -> datetime:
+    return datetime.fromtimestamp(int(case["webhook_timestamp"]), UTC)
+
+
+def _signed_headers(case: dict[str, Any]) -> list[tuple[str, bytes]]:
+    return [(k, v.encode()) for k, v in case["headers"]] + [
+        ("webhook-id", case["webhook_id"].encode()),
+        ("webhook-timestamp", case["webhook_timestamp"].encode()),
+        ("webhook-signature", case["webhook_signature"].encode()),
+    ]
+
+
+def test_checked_in_schemas_and_vectors_are_current() -> None:
+    for name, text in generate().items():
+        path = SCHEMAS / name
+        assert path.exists(), f"schemas/{name} is missing: run `make schemas`"
+        assert path.read_text() == text, f"schemas/{name} is stale: run `make schemas`"
+
+
+@pytest.mark.parametrize("case", VECTORS, ids=[c["name"] for c in VECTORS])
+def test_daemon_accepts_every_vector(case: dict[str, Any]) -> None:
+    parsed = inspect_record(
+        _signed_headers(case),
+        case["kafka_key_utf8"].encode(),
+        case["value_utf8"].encode(),
+        _registry(case["verifying_key"]),
+        Policy(),
+        _at(case),
+    )
+    assert isinstance(parsed, CompletionEvent), parsed
+
+
+@pytest.mark.parametrize("case", VECTORS, ids=[c["name"] for c in VECTORS])
+def test_both_implementations_build_the_vector_bytes(case: dict[str, Any]) -> None:
+    headers = [(k, v.encode()) for k, v in case["headers"]]
+    value = case["value_utf8"].encode()
+    expected = base64.b64decode(case["signed_bytes_base64"])
+    if case["mode"] == "binary":
+        daemon = daemon_binary_content(dict(headers), value)
+        producer = binary_content(headers, value)
+    else:
+        daemon = producer = value
+    prefix = case["webhook_id"].encode(), case["webhook_timestamp"].encode()
+    assert signed_bytes(*prefix, daemon) == expected
+    assert signed_bytes(*prefix, producer) == expected
+    key = SigningKey.parse("k1", case["signing_key"])
+    assert key.sign(expected) == case["webhook_signature"]
+
+
+def test_an_independent_standard_webhooks_library_signs_for_us() -> None:
+    secret = "whsec_" + base64.b64encode(b"independent-secret-32-bytes-long").decode()
+    event = ProducerEvent(
+        source="billing-svc", type="job.completed", tenant="acme", correlation_id="c", data=[1]
+    )
+    record = encode(event, structured=True)
+    now = datetime.now(UTC)
+    signature = Webhook(secret).sign(event.id, now, record.value.decode())
+    headers = [
+        *record.headers,
+        ("webhook-id", event.id.encode()),
+        ("webhook-timestamp", str(int(now.timestamp())).encode()),
+        ("webhook-signature", signature.encode()),
+    ]
+    parsed = inspect_record(headers, record.key, record.value, _registry(secret), Policy(), now)
+    assert isinstance(parsed, CompletionEvent)
+    # And the other way round: the library verifies what the producer SDK signs.
+    signed = sign_record(record, event.id, [SigningKey.parse("k", secret)])
+    Webhook(secret).verify(signed.value, {k: v.decode() for k, v in signed.headers})
+
+
+def _reason(case: dict[str, Any], **changes: Any) -> str | None:
+    headers = dict(_signed_headers(case))
+    for name, value in changes.pop("headers", {}).items():
+        if value is None:
+            headers.pop(name, None)
+        else:
+            headers[name] = value
+    registry = changes.pop("registry", _registry(case["verifying_key"]))
+    now = changes.pop("now", _at(case))
+    value = changes.pop("value", case["value_utf8"].encode())
+    parsed = inspect_record(list(headers.items()), None, value, registry, Policy(), now)
+    return parsed.reason if isinstance(parsed, Rejection) else None
+
+
+BINARY = next(c for c in VECTORS if c["name"] == "binary-hmac-sha256")
+STRUCTURED_ED = next(c for c in VECTORS if c["name"] == "structured-ed25519")
+
+
+@pytest.mark.parametrize("case", [BINARY, STRUCTURED_ED], ids=["binary", "structured"])
+def test_every_signed_part_is_covered(case: dict[str, Any]) -> None:
+    assert _reason(case) is None
+    assert _reason(case, value=case["value_utf8"].encode().replace(b"1200", b"1201")) == (
+        "bad_signature"
+    )
+    if case["mode"] == "binary":
+        for header in ("ce_tenant", "ce_correlationid", "ce_type", "ce_jobid", "ce_source"):
+            expected = "unknown_producer" if header == "ce_source" else "bad_signature"
+            assert _reason(case, headers={header: b"tampered"}) == expected, header
+        assert _reason(case, headers={"ce_time": b"2025-12-31T23:59:31Z"}) == "bad_signature"
+    assert _reason(case, headers={"webhook-timestamp": b"1767225601"}, now=_at(case)) == (
+        "bad_signature"
+    )
+    assert _reason(case, headers={"webhook-id": b"other"}) == "bad_signature"
+    assert _reason(case, headers={"webhook-signature": None}) == "bad_signature"
+    assert _reason(case, headers={"webhook-signature": b"v1,!!!! v1a,"}) == "bad_signature"
+
+
+def test_timestamp_tolerance_both_ways() -> None:
+    at = _at(BINARY)
+    assert _reason(BINARY, now=at + timedelta(minutes=4, seconds=59)) is None
+    assert _reason(BINARY, now=at + timedelta(minutes=5, seconds=1)) == "expired_timestamp"
+    assert _reason(BINARY, now=at - timedelta(minutes=5, seconds=1)) == "expired_timestamp"
+
+
+def test_authorisation_after_authentication() -> None:
+    key = BINARY["verifying_key"]
+    assert _reason(BINARY, registry=_registry(key, tenants='["globex"]')) == "tenant_not_allowed"
+    assert _reason(BINARY, registry=_registry(key, types='["job.failed"]')) == "type_not_allowed"
+    assert _reason(BINARY, registry=_registry(key, tenants='["*"]', types='["*"]')) is None
+    other = "whsec_" + base64.b64encode(b"x" * 32).decode()
+    # A producer of another name with a valid key of its own: still unknown here.
+    assert _reason(BINARY, registry=parse_registry("", Path("."))) == "unknown_producer"
+    # A wrong key and a forbidden tenant: the signature is judged first.
+    assert _reason(BINARY, registry=_registry(other, tenants='["globex"]')) == "bad_signature"
+
+
+def test_rotation_old_and_new_keys_then_retirement() -> None:
+    old = BINARY["verifying_key"]
+    new = "whsec_" + base64.b64encode(b"n" * 32).decode()
+    both = parse_registry(
+        f"""
+        [producers."billing-svc"]
+        tenants = ["acme"]
+        types = ["job.completed"]
+        keys = [{{ id = "old", hmac_secret = "{old}" }}, {{ id = "new", hmac_secret = "{new}" }}]
+        """,
+        Path("."),
+    )
+    assert _reason(BINARY, registry=both) is None  # signed with the old key
+    # A new event signed with the new key, while both are listed.
+    event = ProducerEvent(
+        source="billing-svc", type="job.completed", tenant="acme", correlation_id="c"
+    )
+    signed = sign_record(encode(event), event.id, [SigningKey.parse("new", new)])
+    now = datetime.fromtimestamp(int(dict(signed.headers)["webhook-timestamp"]), UTC)
+    assert isinstance(
+        inspect_record(signed.headers, None, signed.value, both, Policy(), now), CompletionEvent
+    )
+    retired = _registry(new)  # the old key removed
+    assert _reason(BINARY, registry=retired) == "bad_signature"
+    assert isinstance(
+        inspect_record(signed.headers, None, signed.value, retired, Policy(), now),
+        CompletionEvent,
+    )
+
+
+def test_unsigned_policy() -> None:
+    event = ProducerEvent(source="dev", type="t", tenant="acme", correlation_id="c")
+    record = encode(event)
+    now = datetime.now(UTC)
+    lenient = Policy(require_signatures=False)
+    empty = parse_registry("", Path("."))
+    assert isinstance(
+        inspect_record(record.headers, None, record.value, empty, lenient, now), CompletionEvent
+    )
+    strict = inspect_record(record.headers, None, record.value, empty, Policy(), now)
+    assert isinstance(strict, Rejection)
+    assert strict.reason == "unknown_producer"
+
+
+def test_size_limits() -> None:
+    policy = Policy(max_value_bytes=100, max_header_bytes=200)
+    big = inspect_record([], None, b"x" * 101, Registry(), policy, datetime.now(UTC))
+    assert isinstance(big, Rejection)
+    assert big.reason == "too_large"
+    many = inspect_record([("h", b"y" * 300)], None, b"{}", Registry(), policy, datetime.now(UTC))
+    assert isinstance(many, Rejection)
+    assert many.reason == "too_large"
