@@ -70,12 +70,26 @@ def _configure_logging(settings: Settings) -> None:
 
 
 @app.command()
-def run() -> None:
+def run(
+    admin_address: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MATCHER_ADMIN_ADDRESS",
+            help="HOST:PORT of the admin HTTP API (health, metrics, explain).",
+            show_default="127.0.0.1:9464",
+        ),
+    ] = None,
+) -> None:
     """Run the daemon in the foreground until SIGTERM or Ctrl-C (then exit 0)."""
     from matcher.daemon.app import LoopFailed, StartupError
     from matcher.daemon.app import run as run_daemon
 
     settings = _settings()
+    if admin_address is not None:
+        try:
+            settings = load_settings(admin_address=admin_address)
+        except ConfigError as exc:
+            _fail([f"matcher: configuration error: {p}" for p in exc.problems], code=2)
     _configure_logging(settings)
     try:
         asyncio.run(run_daemon(settings))
@@ -198,6 +212,55 @@ def devstack_env(
     else:
         for key, value in variables.items():
             print(f"export {key}={shlex.quote(value)}")
+
+
+@app.command()
+def explain(
+    run_id: Annotated[str, typer.Argument(help="The run to explain.")],
+    tenant: Annotated[
+        str | None, typer.Option(help="The run's tenant (needed when run ids repeat).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Why a run is where it is: resolved (by which event, or deadline, or cancel), or
+    still waiting because of a missing signal, a mismatch, or a backlog."""
+    import psycopg
+
+    from matcher.admin.explain import explain_run
+    from matcher.store.explain import AmbiguousRun, UnknownRun
+
+    settings = _settings()
+
+    async def go() -> Any:
+        async with await psycopg.AsyncConnection.connect(
+            settings.database_url.get_secret_value(), autocommit=True
+        ) as conn:
+            return await explain_run(settings, conn, run_id, tenant)
+
+    try:
+        explanation = asyncio.run(go())
+    except UnknownRun:
+        _fail([f"matcher: no waits for run {run_id!r}"])
+    except AmbiguousRun as exc:
+        _fail([f"matcher: {exc}: give --tenant"], code=2)
+    wait = explanation.evidence["wait"]
+    if as_json:
+        _print_json(
+            {
+                "run_id": run_id,
+                "tenant": wait["tenant"],
+                "verdict": explanation.verdict.value,
+                "reasons": explanation.reasons,
+                "evidence": explanation.evidence,
+            }
+        )
+        return
+    out.print(
+        f"run [bold]{run_id}[/] ({wait['tenant']}), position {wait['position']}, wait "
+        f"{wait['id']}: [bold]{explanation.verdict.value}[/]"
+    )
+    for reason in explanation.reasons:
+        out.print(f"  - {reason}", markup=False, highlight=False)
 
 
 def _connect(settings: Settings) -> Any:
@@ -349,9 +412,10 @@ def events_list(
         "status": status,
         "external_job_id": job_id,
         "limit": limit,
+        "offset": 0,
     }
     with _connect(_settings()) as conn, conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(query("waits", "list_events"), params).fetchall()
+        rows = cur.execute(query("views", "events"), params).fetchall()
     if as_json:
         _print_json(rows)
         return
@@ -475,9 +539,9 @@ def quarantine_list(
 
     from matcher.store.sql import query
 
-    params = {"reason": reason, "correlation_id": correlation, "limit": limit}
+    params = {"reason": reason, "correlation_id": correlation, "limit": limit, "offset": 0}
     with _connect(_settings()) as conn, conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(query("quarantine", "list"), params).fetchall()
+        rows = cur.execute(query("views", "quarantine"), params).fetchall()
     if as_json:
         _print_json(rows)
         return

@@ -109,6 +109,13 @@ class Settings(BaseSettings):
     # How long SIGTERM waits for the loops to finish their batches before giving up.
     shutdown_timeout_s: float = Field(default=30.0, gt=0)
 
+    # The admin HTTP API (health, metrics, explain, views). Port 0: any free port.
+    admin_address: str = "127.0.0.1:9464"
+    # When set, /v1/* requires `Authorization: Bearer <token>`.
+    admin_token: SecretStr | None = None
+    # How often system-wide gauges are read from Postgres.
+    stats_interval_s: float = Field(default=5.0, gt=0)
+
     # Logging.
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["text", "json"] = "text"
@@ -129,6 +136,18 @@ class Settings(BaseSettings):
             with contextlib.suppress(ValueError):
                 return timedelta(seconds=float(value))
         return value
+
+    @field_validator("admin_address")
+    @classmethod
+    def _check_admin_address(cls, value: str) -> str:
+        match = _HOST_PORT_RE.match(value)
+        if match is None or not 0 <= int(match.group(2)) <= 65535:
+            raise ValueError("must be HOST:PORT (port 0: any free port)")
+        return value
+
+    def admin_host_port(self) -> tuple[str, int]:
+        host, _, port = self.admin_address.rpartition(":")
+        return host.strip("[]"), int(port)
 
     @field_validator("kafka_bootstrap_servers")
     @classmethod

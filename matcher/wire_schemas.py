@@ -109,8 +109,23 @@ def _vectors() -> str:
     return json.dumps(vectors, indent=2) + "\n"
 
 
+def _openapi() -> str:
+    from matcher.admin.http import AdminState, create_app
+    from matcher.config import Settings
+
+    async def unused() -> bool:
+        return False
+
+    settings = Settings(
+        kafka_bootstrap_servers="localhost:9092", database_url="postgresql://localhost/matcher"
+    )
+    app = create_app(AdminState(settings, None, lambda: None, unused))  # type: ignore[arg-type]
+    return json.dumps(app.openapi(), indent=2, sort_keys=True) + "\n"
+
+
 def generate() -> dict[str, str]:
     files = {name: _schema(model, text) for name, (model, text) in _MODELS.items()}
+    files["openapi.json"] = _openapi()
     files["signature-vectors.json"] = _vectors()
     return files
 

@@ -159,6 +159,8 @@ def settings(services: Services, db_url: str) -> Settings:
         sweep_interval_s=0.1,
         janitor_interval_s=0.5,
         shutdown_timeout_s=20,
+        stats_interval_s=0.2,
+        admin_address="127.0.0.1:0",
     )
     asyncio.run(
         ensure_topics(
@@ -185,6 +187,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
         MATCHER_SWEEP_INTERVAL_S=str(settings.sweep_interval_s),
         MATCHER_JANITOR_INTERVAL_S=str(settings.janitor_interval_s),
         MATCHER_SHUTDOWN_TIMEOUT_S=str(settings.shutdown_timeout_s),
+        MATCHER_STATS_INTERVAL_S=str(settings.stats_interval_s),
+        MATCHER_ADMIN_ADDRESS=settings.admin_address,
     )
     if settings.producers_file is not None:
         env["MATCHER_PRODUCERS_FILE"] = str(settings.producers_file)

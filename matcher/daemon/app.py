@@ -15,8 +15,11 @@ import signal
 from aiokafka.admin import AIOKafkaAdminClient
 from psycopg_pool import AsyncConnectionPool
 
+from matcher.admin.http import AdminState
+from matcher.admin.server import AdminServer
 from matcher.auth.registry import RegistryError
 from matcher.config import Settings
+from matcher.daemon import stats
 from matcher.daemon.ingest import Ingest
 from matcher.daemon.janitor import Janitor
 from matcher.daemon.registry_watch import RegistryHolder
@@ -126,7 +129,18 @@ async def run(
             ingest = Ingest(settings, pool, stop, on_resolved=relay.nudge, registry=registry)
             sweeper = Sweeper(settings, pool, stop, on_resolved=relay.nudge)
             janitor = Janitor(settings, pool, stop)
+            admin = AdminServer(
+                AdminState(
+                    settings=settings,
+                    pool=pool,
+                    assigned_partitions=ingest.assigned_partitions,
+                    kafka_reachable=ingest.kafka_reachable,
+                ),
+                *settings.admin_host_port(),
+            )
             tasks = [
+                asyncio.create_task(admin.run(stop), name="admin"),
+                asyncio.create_task(stats.run(pool, stop, settings.stats_interval_s), name="stats"),
                 asyncio.create_task(ingest.run(), name="ingest"),
                 asyncio.create_task(relay.run(), name="relay"),
                 asyncio.create_task(sweeper.run(), name="sweeper"),

@@ -19,6 +19,7 @@ from aiokafka.errors import CommitFailedError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 from psycopg_pool import AsyncConnectionPool
 
+from matcher.admin import metrics
 from matcher.admin.metrics import EVENTS_RECEIVED, EVENTS_REJECTED
 from matcher.auth.check import Policy
 from matcher.auth.registry import Registry
@@ -46,14 +47,18 @@ _DATA_REFUSED = (psycopg.DataError, psycopg.IntegrityError)
 class _Revocations(ConsumerRebalanceListener):  # type: ignore[misc]
     """Before partitions go to another member, let the batch in flight finish and commit."""
 
-    def __init__(self, batch_lock: asyncio.Lock) -> None:
+    def __init__(self, batch_lock: asyncio.Lock, ingest: Ingest) -> None:
         self._batch_lock = batch_lock
+        self._ingest = ingest
 
     async def on_partitions_revoked(self, revoked: Sequence[TopicPartition]) -> None:
         async with self._batch_lock:
             log.info("partitions revoked", extra={"partitions": _names(revoked)})
 
     async def on_partitions_assigned(self, assigned: Sequence[TopicPartition]) -> None:
+        self._ingest.joined = True
+        metrics.ASSIGNED_PARTITIONS.set(len(assigned))
+        metrics.CONSUMER_LAG.clear()
         log.info("partitions assigned", extra={"partitions": _names(assigned)})
 
 
@@ -96,6 +101,8 @@ class Ingest:
         self._registry = registry or RegistryHolder(settings)
         self._policy = settings.policy()
         self._dead_letters: AIOKafkaProducer | None = None
+        self._committed: dict[TopicPartition, int] = {}
+        self.joined = False
         self._pool = pool
         self._stop = stop
         self._on_resolved = on_resolved
@@ -113,7 +120,7 @@ class Ingest:
             max_poll_records=s.ingest_batch_max,
             max_poll_interval_ms=s.ingest_max_poll_interval_ms,
         )
-        consumer.subscribe([s.events_topic], listener=_Revocations(self._batch_lock))
+        consumer.subscribe([s.events_topic], listener=_Revocations(self._batch_lock, self))
         self.consumer = consumer
         if s.dead_letter_topic is not None:
             self._dead_letters = AIOKafkaProducer(
@@ -129,9 +136,12 @@ class Ingest:
                 if batch:
                     async with self._batch_lock:
                         await self._handle(consumer, batch)
+                await self._measure_lag(consumer)
         finally:
             # Leaves the group at once, so the partitions move without a session timeout.
             await consumer.stop()
+            metrics.ASSIGNED_PARTITIONS.set(0)
+            metrics.CONSUMER_LAG.clear()
             if self._dead_letters is not None:
                 await self._dead_letters.stop()
             log.info("ingest stopped")
@@ -140,7 +150,9 @@ class Ingest:
         self, consumer: AIOKafkaConsumer, batch: dict[TopicPartition, list[Any]]
     ) -> None:
         records = to_ingest_records(batch, self._registry.current, self._policy)
-        result = await self._store(records)
+        metrics.BATCH_SIZE.observe(len(records))
+        with metrics.BATCH_SECONDS.time():
+            result = await self._store(records)
         crash_point("ingest.after_db_commit")
         if result.matched:
             self._on_resolved()
@@ -156,6 +168,7 @@ class Ingest:
             return
         try:
             await consumer.commit(offsets)
+            self._committed.update({tp: meta.offset for tp, meta in offsets.items()})
         except CommitFailedError as exc:
             # The group moved on (rebalance or eviction): the new owner re-reads these
             # records and the inbox key recognises them.
@@ -167,7 +180,36 @@ class Ingest:
                 "offset commit failed; the batch will be redelivered", extra={"error": repr(exc)}
             )
 
+    def assigned_partitions(self) -> int | None:
+        """Partitions held now; None until the consumer has joined its group."""
+        if self.consumer is None or not self.joined:
+            return None
+        return len(self.consumer.assignment())
+
+    async def kafka_reachable(self) -> bool:
+        """Whether a broker answers this consumer (a metadata request, bounded in time)."""
+        if self.consumer is None:
+            return False
+        try:
+            async with asyncio.timeout(2):
+                await self.consumer.topics()
+        except (KafkaError, OSError, TimeoutError):
+            return False
+        return True
+
+    async def _measure_lag(self, consumer: AIOKafkaConsumer) -> None:
+        for tp in consumer.assignment():
+            end = consumer.highwater(tp)
+            if end is None:
+                continue  # nothing fetched yet from this partition
+            done = self._committed.get(tp)
+            if done is None:
+                done = await consumer.position(tp)
+            metrics.CONSUMER_LAG.labels(str(tp.partition)).set(max(0, end - done))
+
     def _count(self, records: list[IngestRecord], result: BatchResult) -> None:
+        metrics.MATCHES.inc(result.matched)
+        metrics.LATE_EVENTS.inc(result.late)
         EVENTS_RECEIVED.labels("accepted").inc(result.accepted)
         EVENTS_RECEIVED.labels("duplicate").inc(result.duplicates)
         EVENTS_RECEIVED.labels("rejected").inc(result.quarantined)

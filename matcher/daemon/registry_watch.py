@@ -12,6 +12,7 @@ import logging
 import signal
 from pathlib import Path
 
+from matcher.admin.metrics import REGISTRY_RELOADS
 from matcher.auth.registry import Registry, RegistryError, load_registry
 from matcher.config import Settings
 
@@ -52,6 +53,7 @@ class RegistryHolder:
         try:
             registry = load_registry(self._path)
         except RegistryError as exc:
+            REGISTRY_RELOADS.labels("failed").inc()
             log.error(
                 "producer registry not reloaded; the last good one stays in force",
                 extra={"file": str(self._path), "why": why, "error": str(exc)},
@@ -59,6 +61,7 @@ class RegistryHolder:
             return False
         self.current = registry
         self.reloads += 1
+        REGISTRY_RELOADS.labels("ok").inc()
         log.info(
             "producer registry reloaded",
             extra={"file": str(self._path), "why": why, "producers": len(registry.producers)},

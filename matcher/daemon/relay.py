@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -21,6 +22,7 @@ from aiokafka.errors import KafkaError
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from matcher.admin import metrics
 from matcher.config import Settings
 from matcher.daemon.faults import crash_point
 from matcher.domain.resume import ResumeData, ResumeEvent, resume_cloudevent
@@ -59,6 +61,18 @@ def resume_from_row(row: dict[str, Any]) -> ResumeData:
         resolved_at=row["resolved_at"],
         deadline=row["deadline"],
     )
+
+
+def _observe(rows: list[dict[str, Any]]) -> None:
+    now = datetime.now(UTC)
+    for row in rows:
+        outcome = row["outcome"]
+        metrics.RESUMES_PUBLISHED.labels(outcome).inc()
+        metrics.WAIT_DURATION.labels(outcome).observe(
+            (row["resolved_at"] - row["created_at"]).total_seconds()
+        )
+        if row["received_at"] is not None:
+            metrics.EVENT_TO_RESUME.observe(max(0.0, (now - row["received_at"]).total_seconds()))
 
 
 class Relay:
@@ -165,6 +179,7 @@ class Relay:
             crash_point("relay.after_publish")
             await cur.execute(query("relay", "mark_published"), {"ids": [r["id"] for r in rows]})
         self.published += len(rows)
+        _observe(rows)
         return len(rows)
 
     async def _listen(self) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from matcher.admin.metrics import TIMEOUTS
 from matcher.config import Settings
 from matcher.daemon.faults import crash_point
 from matcher.store.sql import query
@@ -49,6 +50,7 @@ class Sweeper:
             try:
                 while (count := await sweep_once(self._pool, limit)) > 0:
                     self.timed_out += count
+                    TIMEOUTS.inc(count)
                     self._on_resolved()
                     if count < limit:
                         break

@@ -86,7 +86,7 @@ def list_waits(
 ) -> list[Wait]:
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(
-            query("waits", "list_waits"),
+            query("views", "waits"),
             {
                 "tenant": tenant,
                 "state": state,
@@ -94,6 +94,7 @@ def list_waits(
                 "correlation_id": correlation_id,
                 "external_job_id": external_job_id,
                 "limit": limit,
+                "offset": 0,
             },
         ).fetchall()
     return [wait_from_row(row) for row in rows]

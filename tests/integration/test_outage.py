@@ -37,6 +37,7 @@ def private_settings() -> Iterator[tuple[Devstack, Settings]]:
             relay_poll_interval_s=0.2,
             ingest_poll_timeout_ms=50,
             allow_unsigned=True,
+            admin_address="127.0.0.1:0",
         )
         migrate(settings.database_url.get_secret_value())
         asyncio.run(

@@ -48,30 +48,6 @@ SELECT id, tenant, run_id, position, event_types, correlation_id, external_job_i
        state, created_at, resolved_at, resolution, resolved_by_producer, resolved_by_event_id
 FROM matcher.waits WHERE id = %(wait_id)s;
 
--- name: list_waits
-SELECT id, tenant, run_id, position, event_types, correlation_id, external_job_id, deadline,
-       state, created_at, resolved_at, resolution, resolved_by_producer, resolved_by_event_id
-FROM matcher.waits
-WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
-  AND (%(state)s::text IS NULL OR state = %(state)s)
-  AND (%(run_id)s::text IS NULL OR run_id = %(run_id)s)
-  AND (%(correlation_id)s::text IS NULL OR correlation_id = %(correlation_id)s)
-  AND (%(external_job_id)s::text IS NULL OR external_job_id = %(external_job_id)s)
-ORDER BY created_at DESC, id
-LIMIT %(limit)s;
-
--- name: list_events
-SELECT producer, event_id, tenant, type, correlation_id, external_job_id, occurred_at,
-       received_at, kafka_topic, kafka_partition, kafka_offset, data, status,
-       consumed_by, late_for
-FROM matcher.inbox
-WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
-  AND (%(correlation_id)s::text IS NULL OR correlation_id = %(correlation_id)s)
-  AND (%(status)s::text IS NULL OR status = %(status)s)
-  AND (%(external_job_id)s::text IS NULL OR external_job_id = %(external_job_id)s)
-ORDER BY received_at DESC, producer, event_id
-LIMIT %(limit)s;
-
 -- name: advance_run
 -- Move the run from the resume's position to the next, once: a duplicate resume finds the
 -- run already past that position and changes nothing (invariant 9).

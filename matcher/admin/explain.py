@@ -1,0 +1,41 @@
+"""Explain a run: facts from Postgres and Kafka, verdict from the pure function."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from matcher.config import Settings
+from matcher.domain.explain import ExplainFacts, Explanation, explain
+from matcher.kafka.lag import group_lag, partition_for
+from matcher.store.explain import gather
+
+
+async def explain_run(
+    settings: Settings,
+    conn: psycopg.AsyncConnection[Any],
+    run_id: str,
+    tenant: str | None = None,
+    lag: dict[int, int] | None = None,
+    ask_kafka: bool = True,
+) -> Explanation:
+    """Raises ``UnknownRun`` or ``AmbiguousRun`` (from matcher.store.explain)."""
+    wait, events, quarantined, outbox, now = await gather(conn, run_id, tenant)
+    if lag is None and ask_kafka and wait.state == "waiting":
+        lag = await group_lag(
+            settings.kafka_client_options(), settings.consumer_group, settings.events_topic
+        )
+    partition = None
+    if lag:
+        partition = partition_for(wait.tenant, wait.correlation_id, len(lag))
+    facts = ExplainFacts(
+        now=now,
+        wait=wait,
+        events=events,
+        quarantined=quarantined,
+        outbox=outbox,
+        partition=partition,
+        lag=lag,
+    )
+    return explain(facts)

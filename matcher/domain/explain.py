@@ -1,0 +1,304 @@
+"""Why is this run where it is? A pure verdict over facts gathered elsewhere (invariant 8).
+
+For a resolved wait: ``resolved_by_event``, ``timed_out`` or ``cancelled``, each with the
+late events that lost the race. For a waiting one, in order of precedence:
+
+- ``backlog``: the sweeper is behind (the deadline passed, the wait still waits);
+- ``mismatch``: events with this correlation id exist but differ (tenant, type), or were
+  refused (producer not allowed for the tenant, signature, schema, ...);
+- ``backlog``: events are not read yet (consumer lag on this wait's partition);
+- ``missing_signal``: nothing with this correlation id anywhere;
+- ``waiting``: related events exist but all are accounted for (another wait took them),
+  nothing is wrong, and the wait is within its deadline.
+
+Every finding is also listed in ``reasons``, so a mismatch with a lagging partition says
+both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+from uuid import UUID
+
+# A resume older than this without being published is worth mentioning.
+UNPUBLISHED_GRACE_S = 5.0
+
+
+class Verdict(StrEnum):
+    RESOLVED_BY_EVENT = "resolved_by_event"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+    MISSING_SIGNAL = "missing_signal"
+    MISMATCH = "mismatch"
+    BACKLOG = "backlog"
+    WAITING = "waiting"
+
+
+@dataclass(frozen=True)
+class WaitFacts:
+    id: UUID
+    tenant: str
+    run_id: str
+    position: int
+    event_types: list[str]
+    correlation_id: str
+    deadline: datetime | None
+    state: str
+    created_at: datetime
+    resolved_at: datetime | None
+    resolution: str | None
+    resolved_by_producer: str | None
+    resolved_by_event_id: str | None
+    external_job_id: str | None = None
+
+
+@dataclass(frozen=True)
+class EventFacts:
+    producer: str
+    event_id: str
+    tenant: str
+    type: str
+    correlation_id: str
+    status: str
+    consumed_by: UUID | None
+    late_for: UUID | None
+    received_at: datetime
+    kafka_topic: str | None
+    kafka_partition: int | None
+    kafka_offset: int | None
+
+
+@dataclass(frozen=True)
+class QuarantineFacts:
+    id: int
+    reason: str
+    detail: str | None
+    producer: str | None
+    event_id: str | None
+    tenant: str | None
+    type: str | None
+    received_at: datetime
+    kafka_partition: int
+    kafka_offset: int
+    replayed_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class OutboxFacts:
+    resolution_id: UUID
+    created_at: datetime
+    published_at: datetime | None
+
+
+@dataclass(frozen=True)
+class ExplainFacts:
+    now: datetime
+    wait: WaitFacts
+    events: list[EventFacts] = field(default_factory=list)  # same correlation id, any tenant
+    quarantined: list[QuarantineFacts] = field(default_factory=list)
+    outbox: OutboxFacts | None = None
+    partition: int | None = None  # where this wait's events land
+    lag: dict[int, int] | None = None  # per partition; None: Kafka could not be asked
+
+
+@dataclass
+class Explanation:
+    verdict: Verdict
+    reasons: list[str]
+    evidence: dict[str, Any]
+
+
+def _event(e: EventFacts) -> dict[str, Any]:
+    return {
+        "source": e.producer,
+        "id": e.event_id,
+        "tenant": e.tenant,
+        "type": e.type,
+        "status": e.status,
+        "received_at": e.received_at,
+        "topic": e.kafka_topic,
+        "partition": e.kafka_partition,
+        "offset": e.kafka_offset,
+        "consumed_by": e.consumed_by,
+        "late_for": e.late_for,
+    }
+
+
+def _quarantine(q: QuarantineFacts) -> dict[str, Any]:
+    return {
+        "quarantine_id": q.id,
+        "reason": q.reason,
+        "detail": q.detail,
+        "source": q.producer,
+        "id": q.event_id,
+        "tenant": q.tenant,
+        "type": q.type,
+        "received_at": q.received_at,
+        "partition": q.kafka_partition,
+        "offset": q.kafka_offset,
+    }
+
+
+_QUARANTINE_WORDS = {
+    "tenant_not_allowed": "producer {p} is not allowed to speak for tenant {t}",
+    "type_not_allowed": "producer {p} is not allowed to send type {y}",
+    "bad_signature": "its signature was rejected",
+    "expired_timestamp": "its signature timestamp was outside the tolerance",
+    "unknown_producer": "producer {p} is not registered",
+    "schema_invalid": "its payload failed the JSON Schema of type {y}",
+    "malformed": "it is not a valid completion event",
+    "too_large": "it was too large",
+}
+
+
+def _age(now: datetime, then: datetime) -> float:
+    return round((now - then).total_seconds(), 3)
+
+
+def explain(facts: ExplainFacts) -> Explanation:
+    wait = facts.wait
+    evidence: dict[str, Any] = {
+        "wait": {
+            "id": wait.id,
+            "tenant": wait.tenant,
+            "run_id": wait.run_id,
+            "position": wait.position,
+            "event_types": wait.event_types,
+            "correlation_id": wait.correlation_id,
+            "external_job_id": wait.external_job_id,
+            "deadline": wait.deadline,
+            "state": wait.state,
+            "created_at": wait.created_at,
+            "resolved_at": wait.resolved_at,
+        }
+    }
+    late = [e for e in facts.events if e.late_for == wait.id]
+    if late:
+        evidence["late_events"] = [_event(e) for e in late]
+    if wait.state != "waiting":
+        return _resolved(facts, evidence, late)
+
+    reasons: list[str] = []
+    verdicts: list[Verdict] = []
+    if wait.deadline is not None and wait.deadline <= facts.now:
+        behind = _age(facts.now, wait.deadline)
+        reasons.append(f"the deadline passed {behind}s ago but the sweeper has not timed it out")
+        evidence["sweeper_behind_s"] = behind
+        verdicts.append(Verdict.BACKLOG)
+
+    mismatches: list[dict[str, Any]] = []
+    for e in facts.events:
+        if e.consumed_by is not None or e.late_for is not None:
+            continue  # accounted for by some wait
+        if e.tenant != wait.tenant:
+            reasons.append(
+                f"event {e.producer}/{e.event_id} has this correlation id but tenant "
+                f"{e.tenant!r}, not {wait.tenant!r}"
+            )
+            mismatches.append({**_event(e), "differs": "tenant"})
+        elif e.type not in wait.event_types:
+            reasons.append(
+                f"event {e.producer}/{e.event_id} has type {e.type!r}; the wait accepts "
+                f"{', '.join(wait.event_types)}"
+            )
+            mismatches.append({**_event(e), "differs": "type"})
+    for q in facts.quarantined:
+        if q.replayed_at is not None:
+            continue
+        words = _QUARANTINE_WORDS.get(q.reason, q.reason).format(
+            p=repr(q.producer), t=repr(q.tenant), y=repr(q.type)
+        )
+        reasons.append(
+            f"a message with this correlation id (partition {q.kafka_partition}, offset "
+            f"{q.kafka_offset}) was quarantined (#{q.id}, {q.reason}): {words}"
+        )
+        mismatches.append({**_quarantine(q), "differs": q.reason})
+    if mismatches:
+        evidence["mismatches"] = mismatches
+        verdicts.append(Verdict.MISMATCH)
+
+    if facts.lag is None:
+        reasons.append("consumer lag unknown: Kafka could not be asked")
+    else:
+        evidence["consumer_lag"] = {str(p): n for p, n in sorted(facts.lag.items())}
+        if facts.partition is not None:
+            evidence["partition"] = facts.partition
+            behind = facts.lag.get(facts.partition, 0)
+            if behind > 0:
+                reasons.append(
+                    f"consumer lag on partition {facts.partition} (this correlation id's "
+                    f"partition): {behind} message(s) not yet read"
+                )
+                verdicts.append(Verdict.BACKLOG)
+
+    related = [e for e in facts.events if e not in late]
+    if not facts.events and not facts.quarantined:
+        reasons.append(f"nothing with correlation id {wait.correlation_id!r} has arrived")
+        verdicts.append(Verdict.MISSING_SIGNAL)
+    elif related:
+        evidence["related_events"] = [_event(e) for e in related]
+    if not verdicts:
+        within = (
+            f"within its deadline ({wait.deadline.isoformat()})" if wait.deadline else "no deadline"
+        )
+        reasons.append(f"waiting, {within}; nothing is wrong")
+        verdicts.append(Verdict.WAITING)
+    return Explanation(verdicts[0], reasons, evidence)
+
+
+def _resolved(facts: ExplainFacts, evidence: dict[str, Any], late: list[EventFacts]) -> Explanation:
+    wait = facts.wait
+    reasons: list[str] = []
+    if wait.state == "matched":
+        verdict = Verdict.RESOLVED_BY_EVENT
+        winner = next(
+            (
+                e
+                for e in facts.events
+                if (e.producer, e.event_id)
+                == (wait.resolved_by_producer, wait.resolved_by_event_id)
+            ),
+            None,
+        )
+        where = (
+            f" (partition {winner.kafka_partition}, offset {winner.kafka_offset}, received "
+            f"{winner.received_at.isoformat()})"
+            if winner
+            else ""
+        )
+        reasons.append(
+            f"resolved by event {wait.resolved_by_producer}/{wait.resolved_by_event_id}{where}"
+        )
+        evidence["event"] = (
+            _event(winner)
+            if winner
+            else {"source": wait.resolved_by_producer, "id": wait.resolved_by_event_id}
+        )
+    elif wait.state == "timed_out":
+        verdict = Verdict.TIMED_OUT
+        reasons.append(f"timed out at {wait.resolved_at} (deadline {wait.deadline})")
+    else:
+        verdict = Verdict.CANCELLED
+        reasons.append(f"cancelled at {wait.resolved_at}")
+    for e in late:
+        reasons.append(
+            f"event {e.producer}/{e.event_id} came late ({e.received_at.isoformat()}) and was "
+            "kept for investigation"
+        )
+    if facts.outbox is not None:
+        evidence["resume"] = {
+            "resolution_id": facts.outbox.resolution_id,
+            "published_at": facts.outbox.published_at,
+        }
+        if facts.outbox.published_at is None:
+            age = _age(facts.now, facts.outbox.created_at)
+            if age >= UNPUBLISHED_GRACE_S:
+                reasons.append(
+                    f"its resume has not been published for {age}s (relay behind or Kafka "
+                    "unavailable)"
+                )
+                evidence["resume"]["unpublished_for_s"] = age
+    return Explanation(verdict, reasons, evidence)

@@ -1,0 +1,50 @@
+"""The facts ``explain`` needs, read from Postgres (the Kafka facts come from kafka.lag)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from matcher.domain.explain import EventFacts, OutboxFacts, QuarantineFacts, WaitFacts
+from matcher.store.sql import query
+
+
+class UnknownRun(LookupError):
+    pass
+
+
+class AmbiguousRun(LookupError):
+    def __init__(self, tenants: list[str]) -> None:
+        super().__init__(f"run id is used by several tenants ({', '.join(tenants)})")
+        self.tenants = tenants
+
+
+async def gather(
+    conn: psycopg.AsyncConnection[Any], run_id: str, tenant: str | None
+) -> tuple[WaitFacts, list[EventFacts], list[QuarantineFacts], OutboxFacts | None, datetime]:
+    """The run's latest wait and everything bearing on it, in one read-only snapshot."""
+    async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        await cur.execute(query("explain", "waits_of_run"), {"run_id": run_id, "tenant": tenant})
+        waits = await cur.fetchall()
+        if not waits:
+            raise UnknownRun(run_id)
+        tenants = sorted({w["tenant"] for w in waits})
+        if len(tenants) > 1:
+            raise AmbiguousRun(tenants)
+        wait = WaitFacts(**waits[0])
+        params = {"correlation_id": wait.correlation_id}
+        await cur.execute(query("explain", "events_by_correlation"), params)
+        events = [EventFacts(**row) for row in await cur.fetchall()]
+        await cur.execute(query("explain", "quarantine_by_correlation"), params)
+        quarantined = [QuarantineFacts(**row) for row in await cur.fetchall()]
+        await cur.execute(query("explain", "outbox_of_wait"), {"wait_id": wait.id})
+        row = await cur.fetchone()
+        outbox = OutboxFacts(**row) if row else None
+        await cur.execute("SELECT now() AS now")
+        now_row = await cur.fetchone()
+        assert now_row is not None
+    return wait, events, quarantined, outbox, now_row["now"]

@@ -1,0 +1,27 @@
+-- name: waits_of_run
+SELECT id, tenant, run_id, position, event_types, correlation_id, deadline, state,
+       created_at, resolved_at, resolution, resolved_by_producer, resolved_by_event_id,
+       external_job_id
+FROM matcher.waits
+WHERE run_id = %(run_id)s AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
+ORDER BY position DESC, created_at DESC
+LIMIT 50;
+
+-- name: events_by_correlation
+SELECT producer, event_id, tenant, type, correlation_id, status, consumed_by, late_for,
+       received_at, kafka_topic, kafka_partition, kafka_offset
+FROM matcher.inbox
+WHERE correlation_id = %(correlation_id)s
+ORDER BY received_at, producer, event_id
+LIMIT 200;
+
+-- name: quarantine_by_correlation
+SELECT id, reason, detail, producer, event_id, tenant, type, received_at, kafka_partition,
+       kafka_offset, replayed_at
+FROM matcher.quarantine
+WHERE correlation_id = %(correlation_id)s
+ORDER BY id
+LIMIT 200;
+
+-- name: outbox_of_wait
+SELECT resolution_id, created_at, published_at FROM matcher.outbox WHERE wait_id = %(wait_id)s;

@@ -1,0 +1,281 @@
+"""The admin HTTP API of a running daemon: its OpenAPI contract (schemathesis), the bearer
+token, readiness, explain over HTTP, and metrics scraped after real scenarios."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from psycopg_pool import AsyncConnectionPool
+
+from matcher.config import Settings
+from matcher.daemon import stats
+from matcher.domain.waits import WaitSpec
+from matcher.kafka.lag import group_lag
+from matcher.kafka.topics import ensure_topics
+from matcher.sdk import cancel_wait, register_wait
+from tests.conftest import Services, _create_db, _drop_db, with_database
+from tests.helpers import DaemonProcess, event, eventually, process_env, produce, produce_raw
+
+TOKEN = "admin-token-for-tests"
+
+
+@dataclass
+class Admin:
+    url: str
+    settings: Settings
+    daemon: DaemonProcess
+
+
+def _address(daemon: DaemonProcess) -> str:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        found = re.search(r"admin API listening address=(http://\S+)", daemon.output)
+        if found:
+            return found.group(1)
+        time.sleep(0.05)
+    raise AssertionError("no admin address in the log:\n" + daemon.output)
+
+
+@pytest.fixture(scope="module")
+def admin(services: Services, template_db: str) -> Iterator[Admin]:
+    name = f"matcher_t_{uuid.uuid4().hex[:12]}"
+    _create_db(services, name, template=template_db)
+    suffix = uuid.uuid4().hex[:10]
+    settings = Settings(
+        kafka_bootstrap_servers=services.kafka_bootstrap_servers,
+        database_url=with_database(services.database_url, name),
+        events_topic=f"test.{suffix}.events",
+        resume_topic=f"test.{suffix}.resumes",
+        consumer_group=f"test.{suffix}",
+        allow_unsigned=True,
+        admin_address="127.0.0.1:0",
+        admin_token=TOKEN,
+        stats_interval_s=0.2,
+        ingest_poll_timeout_ms=50,
+        relay_poll_interval_s=0.2,
+        sweep_interval_s=0.1,
+    )
+    asyncio.run(
+        ensure_topics(
+            settings.kafka_client_options(),
+            [settings.events_topic, settings.resume_topic],
+            partitions=settings.topic_partitions,
+        )
+    )
+    with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as conn:
+        register_wait(
+            conn,
+            WaitSpec(
+                tenant="acme", run_id="run-1", position=0, event_types=["t"], correlation_id="c1"
+            ),
+        )
+    daemon = DaemonProcess(process_env(settings, MATCHER_ADMIN_TOKEN=TOKEN))
+    daemon.wait_ready()
+    try:
+        yield Admin(_address(daemon), settings, daemon)
+    finally:
+        assert daemon.terminate() == 0, daemon.output
+        _drop_db(services, name)
+
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def test_token_guards_v1_only(admin: Admin) -> None:
+    with httpx.Client(base_url=admin.url) as http:
+        assert http.get("/v1/waits").status_code == 401
+        assert http.get("/v1/waits", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert http.get("/v1/waits", headers=AUTH).status_code == 200
+        assert http.get("/v1/runs/run-1/explain").status_code == 401
+        assert http.get("/healthz").json() == {"status": "ok"}
+        assert http.get("/metrics").status_code == 200
+
+
+def test_readiness_and_explain_over_http(admin: Admin) -> None:
+    with httpx.Client(base_url=admin.url, headers=AUTH) as http:
+        deadline = time.monotonic() + 30
+        ready = http.get("/readyz")
+        while ready.status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            ready = http.get("/readyz")
+        assert ready.json() == {
+            "ready": True,
+            "postgres": True,
+            "kafka": True,
+            "assigned_partitions": admin.settings.topic_partitions,
+        }
+        explained = http.get("/v1/runs/run-1/explain").json()
+        assert explained["verdict"] == "missing_signal"
+        assert explained["evidence"]["wait"]["correlation_id"] == "c1"
+        assert http.get("/v1/runs/nobody/explain").status_code == 404
+        page = http.get("/v1/waits", params={"run_id": "run-1", "limit": 1}).json()
+        assert [w["run_id"] for w in page["items"]] == ["run-1"]
+        assert page["next_offset"] is None
+
+
+def test_api_matches_its_openapi_description(admin: Admin) -> None:
+    """Schemathesis generates requests from /openapi.json and checks every response
+    against it (status codes, content types, response schemas, no server errors)."""
+    api = schemathesis.openapi.from_url(admin.url + "/openapi.json")
+    operations = [result.ok() for result in api.get_all_operations()]  # type: ignore[union-attr]
+    assert len(operations) >= 7
+
+    for operation in operations:
+
+        @given(case=operation.as_strategy())
+        @hypothesis_settings(
+            max_examples=30, deadline=None, suppress_health_check=list(HealthCheck)
+        )
+        def conforms(case: Any) -> None:
+            case.call_and_validate(headers=AUTH)
+
+        conforms()
+
+
+def _scrape(url: str) -> dict[str, float]:
+    values: dict[str, float] = {}
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    return values
+
+
+def _value(metrics: dict[str, float], name: str, **labels: str) -> float:
+    if not labels:
+        return metrics.get(name, 0.0)
+    wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    return sum(
+        v
+        for k, v in metrics.items()
+        if k.startswith(name + "{") and all(f'{a}="{b}"' in k for a, b in labels.items())
+    ) or metrics.get(f"{name}{{{wanted}}}", 0.0)
+
+
+async def test_metrics_after_a_scenario_and_gauges_back_to_zero(admin: Admin) -> None:
+    settings = admin.settings
+    url = settings.database_url.get_secret_value()
+    before = _scrape(admin.url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        for n in range(20):
+            register_wait(
+                conn,
+                WaitSpec(
+                    tenant="acme",
+                    run_id=f"m-{n}",
+                    position=0,
+                    event_types=["job.completed"],
+                    correlation_id=f"metrics-{n}",
+                ),
+            )
+    events = [event(correlation=f"metrics-{n}") for n in range(20)]
+    strays = [event(correlation="stray-1"), event(correlation="stray-2")]
+    await produce(settings, events + strays)
+    await produce_raw(settings, [(None, [], b"not an event")])
+
+    def settled() -> bool:
+        now = _scrape(admin.url)
+        return (
+            _value(now, "matcher_matches_total") - _value(before, "matcher_matches_total") == 20
+            and _value(now, "matcher_inbox_pending_events") == 2
+            and _value(now, "matcher_outbox_pending") == 0
+        )
+
+    await eventually(settled, timeout=30)
+    after = _scrape(admin.url)
+
+    def delta(name: str, **labels: str) -> float:
+        return _value(after, name, **labels) - _value(before, name, **labels)
+
+    assert delta("matcher_events_received_total", result="accepted") == 22
+    assert delta("matcher_events_received_total", result="rejected") == 1
+    assert delta("matcher_events_rejected_total", reason="malformed") == 1
+    assert delta("matcher_resumes_published_total", outcome="event") == 20
+    assert delta("matcher_event_to_resume_seconds_count") == 20
+    assert _value(after, "matcher_quarantine_records") >= 1
+    assert _value(after, "matcher_consumer_assigned_partitions") == settings.topic_partitions
+    assert sum(v for k, v in after.items() if k.startswith("matcher_consumer_lag_records")) == 0
+
+    # The two strays are a backlog of pending events: waits for them drain it to zero.
+    with psycopg.connect(url, autocommit=True) as conn:
+        for n in (1, 2):
+            register_wait(
+                conn,
+                WaitSpec(
+                    tenant="acme",
+                    run_id=f"stray-run-{n}",
+                    position=0,
+                    event_types=["job.completed"],
+                    correlation_id=f"stray-{n}",
+                ),
+            )
+    await eventually(
+        lambda: _value(_scrape(admin.url), "matcher_inbox_pending_events") == 0, timeout=10
+    )
+
+
+async def test_gauges_see_a_backlog_and_the_daemon_drains_it(
+    services: Services, settings: Settings
+) -> None:
+    """Gauges read with no daemon running show the backlog; a daemon then drains it."""
+    url = settings.database_url.get_secret_value()
+    with psycopg.connect(url, autocommit=True) as conn:
+        for n in range(3):
+            wait = register_wait(
+                conn,
+                WaitSpec(
+                    tenant="acme", run_id=f"c-{n}", position=0, event_types=["t"],
+                    correlation_id=f"cancel-{n}",
+                ),
+            )  # fmt: skip
+            cancel_wait(conn, wait.id)
+        register_wait(
+            conn,
+            WaitSpec(
+                tenant="acme", run_id="late", position=0, event_types=["t"],
+                correlation_id="overdue", deadline=datetime.now(UTC) - timedelta(seconds=5),
+            ),
+        )  # fmt: skip
+    await produce(settings, [event() for _ in range(25)])
+    async with AsyncConnectionPool(url, min_size=1, open=False) as pool:
+        seen = await stats.refresh(pool)
+    assert seen["outbox_pending"] == 3
+    assert seen["sweeper_behind"] >= 5
+    lag = await group_lag(
+        settings.kafka_client_options(), settings.consumer_group, settings.events_topic
+    )
+    assert lag is not None
+    assert sum(lag.values()) == 25
+
+    daemon = DaemonProcess(process_env(settings))
+    daemon.wait_ready()
+    try:
+        address = _address(daemon)
+
+        def drained() -> bool:
+            now = _scrape(address)
+            lags = [v for k, v in now.items() if k.startswith("matcher_consumer_lag_records{")]
+            return (
+                _value(now, "matcher_outbox_pending") == 0
+                and _value(now, "matcher_sweeper_behind_seconds") == 0
+                and _value(now, "matcher_inbox_pending_events") == 25
+                and len(lags) == settings.topic_partitions
+                and sum(lags) == 0
+            )
+
+        await eventually(drained, timeout=30)
+    finally:
+        assert daemon.terminate() == 0, daemon.output
