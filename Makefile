@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed-stamp
 USE_ENV := if [ -z "$${MATCHER_KAFKA_BOOTSTRAP_SERVERS:-}" ] || [ -z "$${MATCHER_DATABASE_URL:-}" ]; then \
 	$(BIN)/matcher devstack up && eval "$$($(BIN)/matcher devstack env)"; fi
 
-.PHONY: help install up down status migrate run lint test test-fast schemas clean
+.PHONY: help install up down status migrate run lint test test-fast campaign schemas clean
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -46,11 +46,25 @@ run: install ## Run the daemon in the foreground on the local stack; Ctrl-C stop
 lint: install ## Lint, format check, strict type check, import contracts.
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy matcher tests producers/python
+	$(BIN)/mypy matcher tests producers/python examples
 	$(BIN)/lint-imports
 
 test: lint ## Lint, then every test against real Kafka and Postgres.
 	$(USE_ENV); $(BIN)/pytest
+
+# The long campaign: every crash point CRASH_ITERATIONS times under load, the fault tests
+# FAULT_ROUNDS times, and the races and the stateful test with far more examples.
+CRASH_ITERATIONS ?= 50
+FAULT_ROUNDS ?= 10
+campaign: install ## Long crash/fault/race campaign (tens of minutes; not part of `make test`).
+	$(USE_ENV); \
+	MATCHER_TEST_CRASH_ITERATIONS=$(CRASH_ITERATIONS) $(BIN)/pytest -q tests/integration/test_crash.py && \
+	MATCHER_TEST_RACE_ROUNDS=300 MATCHER_TEST_PAIRS=5000 $(BIN)/pytest -q tests/integration/test_concurrency.py && \
+	MATCHER_TEST_STATEFUL_EXAMPLES=1000 $(BIN)/pytest -q tests/integration/test_stateful.py && \
+	for round in $$(seq $(FAULT_ROUNDS)); do \
+	  echo "fault round $$round"; \
+	  $(BIN)/pytest -q tests/integration/test_faults.py tests/integration/test_outage.py || exit 1; \
+	done
 
 schemas: install ## Regenerate schemas/ from the pydantic models (a test fails when they drift).
 	$(BIN)/python -m matcher.wire_schemas schemas

@@ -40,6 +40,8 @@ events_app = typer.Typer(help="Look at the event inbox.", no_args_is_help=True)
 app.add_typer(events_app, name="events")
 resumes_app = typer.Typer(help="Read the resume topic.", no_args_is_help=True)
 app.add_typer(resumes_app, name="resumes")
+launches_app = typer.Typer(help="Launch intents and their audit trail.", no_args_is_help=True)
+app.add_typer(launches_app, name="launches")
 quarantine_app = typer.Typer(
     help="Rejected records: see why, and replay them after fixing the cause.",
     no_args_is_help=True,
@@ -261,6 +263,101 @@ def explain(
     )
     for reason in explanation.reasons:
         out.print(f"  - {reason}", markup=False, highlight=False)
+
+
+def _load_reconciler(spec: str) -> Any:
+    """``module:attribute``, or the name of a ``matcher.reconcilers`` entry point."""
+    import importlib
+    from importlib.metadata import entry_points
+
+    if ":" in spec:
+        module_name, _, attribute = spec.partition(":")
+        try:
+            target: Any = importlib.import_module(module_name)
+            for part in attribute.split("."):
+                target = getattr(target, part)
+        except (ImportError, AttributeError) as exc:
+            _fail([f"matcher: --reconciler {spec!r}: {exc}"], code=2)
+        return target
+    found = entry_points(group="matcher.reconcilers", name=spec)
+    if not found:
+        _fail(
+            [f"matcher: --reconciler {spec!r}: no such entry point in group matcher.reconcilers"], 2
+        )
+    return next(iter(found)).load()
+
+
+@app.command()
+def reconcile(
+    reconciler: Annotated[
+        str,
+        typer.Option(
+            help="Your lookup: module:function, or a matcher.reconcilers entry point name. "
+            "It gets a Launch and answers Found(job_id), NotFound() or Unknown(reason)."
+        ),
+    ],
+    older_than: Annotated[
+        float, typer.Option(help="Only intents older than this many seconds.")
+    ] = 300.0,
+    limit: Annotated[int, typer.Option(help="At most this many intents per run.")] = 1000,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Reconcile launch intents that never recorded a job id (the worker died around the
+    external call): ask the external system, by idempotency key, what became of each."""
+    from matcher.store.launches import reconcile as run_reconcile
+
+    settings = _settings()
+    function = _load_reconciler(reconciler)
+    with _connect(settings) as conn:
+        results = asyncio.run(
+            run_reconcile(
+                conn,
+                function,
+                actor=reconciler,
+                older_than=timedelta(seconds=older_than),
+                limit=limit,
+            )
+        )
+    if as_json:
+        _print_json([r.__dict__ for r in results])
+        return
+    for r in results:
+        extra = f" job {r.job_id}" if r.job_id else ""
+        note = f" ({r.detail})" if r.detail else ""
+        print(f"{r.launch_id} run {r.run_id}: {r.answer}{extra}{note}")
+    if not results:
+        print("no launch intents to reconcile")
+
+
+@launches_app.command("show")
+def launches_show(
+    launch_id: Annotated[str, typer.Argument(help="The launch's id.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """A launch intent and its audit trail."""
+    from matcher.store.launches import audit_trail, get_launch
+
+    with _connect(_settings()) as conn:
+        try:
+            launch = get_launch(conn, launch_id)
+        except Exception:
+            launch = None
+        if launch is None:
+            _fail([f"matcher: no launch {launch_id}"])
+        trail = audit_trail(conn, launch.id)
+    if as_json:
+        _print_json({**launch.model_dump(mode="json"), "audit": trail})
+        return
+    out.print(
+        f"launch {launch.id} run {launch.run_id} pos {launch.position}: {launch.state.value}, "
+        f"key {launch.idempotency_key}, correlation {launch.correlation_id}, "
+        f"job {launch.external_job_id or '-'}"
+    )
+    for entry in trail:
+        print(
+            f"  {entry['at'].isoformat(timespec='seconds')} {entry['actor']}: {entry['answer']}"
+            + (f" {entry['external_job_id']}" if entry["external_job_id"] else "")
+        )
 
 
 def _connect(settings: Settings) -> Any:

@@ -90,6 +90,9 @@ class Settings(BaseSettings):
     ingest_batch_max: int = Field(default=500, ge=1, le=100_000)
     ingest_poll_timeout_ms: int = Field(default=200, ge=1)
     ingest_max_poll_interval_ms: int = Field(default=300_000, ge=1000)
+    # How soon the group notices a daemon that died (it then moves its partitions).
+    kafka_session_timeout_ms: int = Field(default=10_000, ge=1000)
+    kafka_heartbeat_interval_ms: int = Field(default=3_000, ge=100)
 
     # Relay: resumes per batch, producer linger, and the safety-net poll behind NOTIFY.
     relay_batch_max: int = Field(default=500, ge=1, le=100_000)
@@ -185,6 +188,10 @@ class Settings(BaseSettings):
         if self.events_topic == self.resume_topic:
             raise ValueError(
                 "MATCHER_EVENTS_TOPIC and MATCHER_RESUME_TOPIC must be different topics"
+            )
+        if self.kafka_heartbeat_interval_ms >= self.kafka_session_timeout_ms:
+            raise ValueError(
+                "MATCHER_KAFKA_HEARTBEAT_INTERVAL_MS must be below MATCHER_KAFKA_SESSION_TIMEOUT_MS"
             )
         if self.db_pool_min_size > self.db_pool_max_size:
             raise ValueError("MATCHER_DB_POOL_MIN_SIZE must not exceed MATCHER_DB_POOL_MAX_SIZE")

@@ -53,3 +53,5 @@ def configure(level: str = "INFO", fmt: str = "text") -> None:
     root.setLevel(level)
     # aiokafka logs every reconnect at ERROR; its state reaches us through exceptions.
     logging.getLogger("aiokafka").setLevel(max(logging.WARNING, root.level))
+    # uvicorn's own start-up chatter; matcher logs the admin address itself.
+    logging.getLogger("uvicorn.error").setLevel(max(logging.WARNING, root.level))

@@ -161,6 +161,8 @@ def settings(services: Services, db_url: str) -> Settings:
         shutdown_timeout_s=20,
         stats_interval_s=0.2,
         admin_address="127.0.0.1:0",
+        kafka_session_timeout_ms=3000,
+        kafka_heartbeat_interval_ms=500,
     )
     asyncio.run(
         ensure_topics(
@@ -189,6 +191,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
         MATCHER_SHUTDOWN_TIMEOUT_S=str(settings.shutdown_timeout_s),
         MATCHER_STATS_INTERVAL_S=str(settings.stats_interval_s),
         MATCHER_ADMIN_ADDRESS=settings.admin_address,
+        MATCHER_KAFKA_SESSION_TIMEOUT_MS=str(settings.kafka_session_timeout_ms),
+        MATCHER_KAFKA_HEARTBEAT_INTERVAL_MS=str(settings.kafka_heartbeat_interval_ms),
     )
     if settings.producers_file is not None:
         env["MATCHER_PRODUCERS_FILE"] = str(settings.producers_file)

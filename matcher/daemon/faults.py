@@ -1,9 +1,13 @@
-"""Test-only crash points: kill the daemon hard at a named place in its work.
+"""Test-only faults: kill the daemon hard, or stall it, at a named place in its work.
 
 ``MATCHER_TEST_CRASH_AT=point[@n][,point[@n]...]`` makes the n-th arrival (default: the
 first) at ``point`` SIGKILL this process: no exception, no cleanup, no flush, exactly
 what a power cut or the OOM killer does. Unset (always, outside tests), it costs one
 dictionary lookup.
+
+``MATCHER_TEST_STALL_AT=point@n:seconds`` blocks the whole process (event loop included,
+heartbeats too) for that long at the n-th arrival: a batch that outlives the consumer's
+poll interval and session.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 
 POINTS = (
     "ingest.in_transaction",  # inbox rows written, transaction not committed
@@ -34,7 +39,28 @@ def _parse(spec: str) -> dict[str, int]:
 _armed = _parse(os.environ.get("MATCHER_TEST_CRASH_AT", ""))
 
 
+def _parse_stalls(spec: str) -> dict[str, tuple[int, float]]:
+    stalls: dict[str, tuple[int, float]] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        where, _, seconds = item.partition(":")
+        for name, count in _parse(where).items():
+            stalls[name] = (count, float(seconds or "1"))
+    return stalls
+
+
+_stalls = _parse_stalls(os.environ.get("MATCHER_TEST_STALL_AT", ""))
+
+
 def crash_point(name: str) -> None:
+    stall = _stalls.get(name)
+    if stall is not None:
+        count, seconds = stall
+        if count > 1:
+            _stalls[name] = (count - 1, seconds)
+        else:
+            del _stalls[name]
+            sys.stderr.write(f"matcher: test stall at {name} for {seconds}s\n")
+            time.sleep(seconds)  # blocking on purpose: the loop and heartbeats stop too
     remaining = _armed.get(name)
     if remaining is None:
         return

@@ -119,6 +119,8 @@ class Ingest:
             isolation_level="read_committed",
             max_poll_records=s.ingest_batch_max,
             max_poll_interval_ms=s.ingest_max_poll_interval_ms,
+            session_timeout_ms=s.kafka_session_timeout_ms,
+            heartbeat_interval_ms=s.kafka_heartbeat_interval_ms,
         )
         consumer.subscribe([s.events_topic], listener=_Revocations(self._batch_lock, self))
         self.consumer = consumer

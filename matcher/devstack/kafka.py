@@ -173,6 +173,8 @@ def _write_config(paths: KafkaPaths, port: int, controller_port: int) -> None:
         "share.coordinator.state.topic.min.isr": "1",
         # Tests join and leave groups all the time; do not wait for more members.
         "group.initial.rebalance.delay.ms": "0",
+        # Let tests notice a killed member within seconds (clients choose their timeout).
+        "group.min.session.timeout.ms": "1000",
         # The default 128 MiB cleaner buffer would eat half of a small heap.
         "log.cleaner.dedupe.buffer.size": "16777216",
         "log.segment.bytes": str(64 * 1024 * 1024),

@@ -16,9 +16,11 @@
 Importing it starts nothing: no daemon, no Kafka client.
 """
 
+from matcher.domain.launches import Found, Launch, LaunchSpec, LaunchState, NotFound, Unknown
 from matcher.domain.resume import ResumeData, ResumeEvent
 from matcher.domain.waits import Outcome, Wait, WaitSpec, WaitState
 from matcher.sdk.resumes import parse_resume
+from matcher.store.launches import audit_trail, get_launch, record_job_id, record_launch
 from matcher.store.waits import (
     advance,
     advance_async,
@@ -30,18 +32,28 @@ from matcher.store.waits import (
 )
 
 __all__ = [
+    "Found",
+    "Launch",
+    "LaunchSpec",
+    "LaunchState",
+    "NotFound",
     "Outcome",
     "ResumeData",
     "ResumeEvent",
+    "Unknown",
     "Wait",
     "WaitSpec",
     "WaitState",
     "advance",
     "advance_async",
+    "audit_trail",
     "cancel_wait",
+    "get_launch",
     "get_wait",
     "list_waits",
     "parse_resume",
+    "record_job_id",
+    "record_launch",
     "register_wait",
     "register_wait_async",
 ]

@@ -92,11 +92,11 @@ async def _check_exactly_once(settings: Settings, total: int) -> None:
 
 @pytest.mark.parametrize("point", CRASH_POINTS)
 async def test_crash_at_point_then_recover(settings: Settings, point: str) -> None:
-    iterations = env_flag("MATCHER_TEST_CRASH_ITERATIONS", 2)
+    iterations = env_flag("MATCHER_TEST_CRASH_ITERATIONS", 10)
     total = 0
     for iteration in range(iterations):
         sweeping = point.startswith("sweeper")
-        count = 40
+        count = 60
         correlations = _register(settings, count, deadline_s=0.5 if sweeping else None)
         total += count
         crashing = DaemonProcess(

@@ -96,3 +96,54 @@ async def test_relay_survives_kafka_outage(private_settings: tuple[Devstack, Set
     assert code == 0, daemon.output
     resumes = await read_resumes(settings, at_least=40)
     assert len({r.resolution_id for r in resumes}) == 40
+
+
+async def _under_load(stack: Devstack, settings: Settings, total: int, fault: str) -> DaemonProcess:
+    from tests.helpers import event, produce
+    from tests.integration.test_crash import _all_settled, _register
+
+    correlations = _register(settings, total)
+    events = [event(correlation=c) for c in correlations]
+    daemon = DaemonProcess(process_env(settings))
+    daemon.wait_ready()
+
+    async def produce_with_retries() -> None:
+        for start in range(0, total, 50):
+            while True:
+                try:
+                    await produce(settings, events[start : start + 50])
+                    break
+                except Exception:  # the broker is down for a while: the producer retries
+                    await asyncio.sleep(0.5)
+            await asyncio.sleep(0.05)
+
+    producing = asyncio.create_task(produce_with_retries())
+    await eventually(
+        lambda: (scalar(settings, "SELECT count(*) FROM matcher.outbox") or 0) > total // 5,
+        timeout=60,
+    )
+    if fault == "kafka":
+        await asyncio.to_thread(devstack_kafka.stop, stack.kafka)
+        await asyncio.sleep(3)
+        await asyncio.to_thread(stack.up)
+    else:
+        from matcher.devstack import postgres as devstack_postgres
+
+        await asyncio.to_thread(devstack_postgres.stop, stack.postgres)
+        await asyncio.sleep(3)
+        await asyncio.to_thread(stack.up)
+    await producing
+    await eventually(lambda: _all_settled(settings, total), timeout=120)
+    return daemon
+
+
+@pytest.mark.parametrize("fault", ["kafka", "postgres"])
+async def test_restart_under_load(private_settings: tuple[Devstack, Settings], fault: str) -> None:
+    from tests.integration.test_crash import _check_exactly_once
+
+    stack, settings = private_settings
+    total = 1000
+    daemon = await _under_load(stack, settings, total, fault)
+    assert daemon.process.poll() is None, f"the daemon died with {fault}:\n" + daemon.output
+    assert daemon.terminate() == 0, daemon.output
+    await _check_exactly_once(settings, total)

@@ -1,0 +1,186 @@
+"""Launch intents (worker SDK) and their reconciliation."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from psycopg.rows import dict_row
+
+from matcher.domain.launches import Answer, Found, Launch, LaunchSpec, NotFound, Unknown
+from matcher.domain.waits import WaitSpec
+from matcher.store.sql import query
+from matcher.store.waits import Conn, cancel_wait, register_wait
+
+log = logging.getLogger("matcher.launches")
+
+Reconciler = Callable[[Launch], Answer | Awaitable[Answer]]
+
+
+def record_launch(conn: Conn, spec: LaunchSpec) -> Launch:
+    """Record the intent and its wait, in one transaction, BEFORE calling the external system.
+
+    Give the external system ``launch.idempotency_key`` and ``launch.correlation_id``;
+    afterwards, ``record_job_id``. Calling this again with the same idempotency key (a
+    retry after a crash) returns the launch recorded the first time and adds nothing.
+    """
+    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        key = {"tenant": spec.tenant, "idempotency_key": spec.key()}
+        # The key lock of the launch's own (tenant, key): concurrent retries serialise.
+        cur.execute(
+            query("waits", "lock_key"), {"tenant": spec.tenant, "correlation_id": spec.key()}
+        )
+        existing = cur.execute(query("launches", "launch_by_key"), key).fetchone()
+        if existing is not None:
+            return Launch.model_validate(existing)
+        correlation_id = spec.correlation_id or str(uuid.uuid4())
+        wait = register_wait(
+            conn,
+            WaitSpec(
+                tenant=spec.tenant,
+                run_id=spec.run_id,
+                position=spec.position,
+                event_types=spec.event_types,
+                correlation_id=correlation_id,
+                deadline=spec.deadline,
+            ),
+        )
+        launch_id = uuid.uuid4()
+        cur.execute(
+            query("launches", "insert_launch"),
+            {
+                "id": launch_id,
+                "tenant": spec.tenant,
+                "run_id": spec.run_id,
+                "position": spec.position,
+                "idempotency_key": spec.key(),
+                "correlation_id": correlation_id,
+                "wait_id": wait.id,
+            },
+        )
+        row = cur.execute(query("launches", "get_launch"), {"id": launch_id}).fetchone()
+    assert row is not None
+    return Launch.model_validate(row)
+
+
+def record_job_id(conn: Conn, launch_id: uuid.UUID | str, job_id: str) -> bool:
+    """Store the external job id on the intent and its wait. True when this call stored it
+    (or the same id was stored before); False when a different id is already recorded."""
+    with conn.transaction():
+        row = conn.execute(
+            query("launches", "record_job_id"), {"id": launch_id, "job_id": job_id}
+        ).fetchone()
+    assert row is not None
+    recorded, current, found = row
+    if not found:
+        raise LookupError(f"no launch {launch_id}")
+    return bool(recorded) or current == job_id
+
+
+def get_launch(conn: Conn, launch_id: uuid.UUID | str) -> Launch | None:
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(query("launches", "get_launch"), {"id": launch_id}).fetchone()
+    return Launch.model_validate(row) if row else None
+
+
+def audit_trail(conn: Conn, launch_id: uuid.UUID | str) -> list[dict[str, Any]]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(query("launches", "audit_of"), {"id": launch_id}).fetchall()
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    launch_id: uuid.UUID
+    run_id: str
+    answer: str  # found, not_found, unknown, error
+    job_id: str | None = None
+    detail: str = ""
+
+
+async def _ask(reconciler: Reconciler, launch: Launch) -> Answer:
+    answer = reconciler(launch)
+    if inspect.isawaitable(answer):
+        answer = await answer
+    if not isinstance(answer, Found | NotFound | Unknown):
+        raise TypeError(f"a reconciler answers Found, NotFound or Unknown, not {answer!r}")
+    return answer
+
+
+async def reconcile(
+    conn: Conn,
+    reconciler: Reconciler,
+    *,
+    actor: str,
+    older_than: timedelta,
+    limit: int = 1000,
+) -> list[Reconciled]:
+    """Ask ``reconciler`` about every intent older than ``older_than`` with no job id.
+
+    Each intent is handled in its own transaction, its row locked so that two concurrent
+    reconciliations never both act on it. ``Found`` stores the job id (the wait keeps
+    waiting for the job's event); ``NotFound`` marks the launch failed and cancels its
+    wait, so a resume (outcome ``cancelled``) tells the run to launch again; ``Unknown``
+    and errors leave it for the next pass. Every answer is audited.
+    """
+    ids = [
+        row[0]
+        for row in conn.execute(
+            query("launches", "unsubmitted"), {"older_than": older_than, "limit": limit}
+        ).fetchall()
+    ]
+    results: list[Reconciled] = []
+    for launch_id in ids:
+        with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+            row = cur.execute(query("launches", "lock_intent"), {"id": launch_id}).fetchone()
+            if row is None:
+                continue  # submitted meanwhile, or another reconciler holds it
+            launch = Launch.model_validate(row)
+            try:
+                answer = await _ask(reconciler, launch)
+            except Exception as exc:  # the reconciler is user code: record, carry on
+                log.warning(
+                    "reconciler failed", extra={"launch_id": str(launch.id), "error": repr(exc)}
+                )
+                cur.execute(query("launches", "reconcile_unknown"), {"id": launch.id})
+                detail = f"{type(exc).__name__}: {exc}"[:500]
+                cur.execute(
+                    query("launches", "audit"),
+                    {
+                        "id": launch.id,
+                        "actor": actor,
+                        "answer": "error",
+                        "job_id": None,
+                        "detail": detail,
+                    },
+                )
+                results.append(Reconciled(launch.id, launch.run_id, "error", None, detail))
+                continue
+            if isinstance(answer, Found):
+                cur.execute(
+                    query("launches", "reconcile_found"), {"id": launch.id, "job_id": answer.job_id}
+                )
+                record = Reconciled(launch.id, launch.run_id, "found", answer.job_id)
+            elif isinstance(answer, NotFound):
+                cur.execute(query("launches", "reconcile_not_found"), {"id": launch.id})
+                cancel_wait(conn, launch.wait_id)
+                record = Reconciled(launch.id, launch.run_id, "not_found")
+            else:
+                cur.execute(query("launches", "reconcile_unknown"), {"id": launch.id})
+                record = Reconciled(launch.id, launch.run_id, "unknown", None, answer.reason)
+            cur.execute(
+                query("launches", "audit"),
+                {
+                    "id": launch.id,
+                    "actor": actor,
+                    "answer": record.answer,
+                    "job_id": record.job_id,
+                    "detail": record.detail or None,
+                },
+            )
+            results.append(record)
+    return results
