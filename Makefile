@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed-stamp
 USE_ENV := if [ -z "$${MATCHER_KAFKA_BOOTSTRAP_SERVERS:-}" ] || [ -z "$${MATCHER_DATABASE_URL:-}" ]; then \
 	$(BIN)/matcher devstack up && eval "$$($(BIN)/matcher devstack env)"; fi
 
-.PHONY: help install up down status migrate run lint test test-fast campaign schemas clean
+.PHONY: help install up down status migrate run lint test test-fast campaign bench bench-quick schemas clean
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -46,7 +46,7 @@ run: install ## Run the daemon in the foreground on the local stack; Ctrl-C stop
 lint: install ## Lint, format check, strict type check, import contracts.
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy matcher tests producers/python examples
+	$(BIN)/mypy matcher tests producers/python examples bench
 	$(BIN)/lint-imports
 
 test: lint ## Lint, then every test against real Kafka and Postgres.
@@ -65,6 +65,12 @@ campaign: install ## Long crash/fault/race campaign (tens of minutes; not part o
 	  echo "fault round $$round"; \
 	  $(BIN)/pytest -q tests/integration/test_faults.py tests/integration/test_outage.py || exit 1; \
 	done
+
+bench: install ## The full benchmark (about 20 minutes); the last line is the results JSON.
+	$(USE_ENV); $(BIN)/python -m bench.run
+
+bench-quick: install ## The benchmark in under 3 minutes (fewer events, smaller scale).
+	$(USE_ENV); $(BIN)/python -m bench.run --quick
 
 schemas: install ## Regenerate schemas/ from the pydantic models (a test fails when they drift).
 	$(BIN)/python -m matcher.wire_schemas schemas

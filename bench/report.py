@@ -1,0 +1,71 @@
+"""The benchmark's reports: JSON (the figures and ratios), a markdown table, and a PNG."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+THROUGHPUT = ["r_kafka", "r_pg", "r_pipe", "r_naive", "r_matcher", "r_dbos"]
+
+
+def _markdown(results: dict[str, Any]) -> str:
+    f, r = results["figures"], results["ratios"]
+    lines = [
+        "| figure | value |",
+        "|---|---|",
+        *(f"| {name} | {f[name]:,.0f} events/s |" for name in THROUGHPUT),
+    ]
+    for key in sorted(k for k in f if k.startswith("latency_") and isinstance(f[k], float)):
+        lines.append(f"| {key} | {f[key]:.1f} ms |")
+    for key in sorted(k for k in f if k.startswith("scale_")):
+        unit = "ms" if key.endswith("_ms") else "events/s"
+        lines.append(f"| {key} | {f[key]:,.1f} {unit} |")
+    lines.append(f"| daemon peak RSS | {f['rss_peak_bytes'] / 2**20:.0f} MiB |")
+    lines += ["", "| ratio | value |", "|---|---|"]
+    lines += [f"| {k} | {v:.2f} |" for k, v in r.items()]
+    lines += ["", "| target | met |", "|---|---|"]
+    lines += [f"| {k} | {'yes' if v else 'NO'} |" for k, v in results["targets"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def _plot(results: dict[str, Any], path: Path) -> None:
+    f = results["figures"]
+    fig, (bars, cdf, scale) = plt.subplots(1, 3, figsize=(16, 4.8))
+    bars.bar(THROUGHPUT, [f[n] for n in THROUGHPUT], color=["#888"] * 4 + ["#2a7"] + ["#c55"])
+    bars.set_ylabel("events/s (median)")
+    bars.set_title("throughput")
+    bars.tick_params(axis="x", rotation=30)
+    for rate, samples in sorted(f.get("latency_samples_ms", {}).items(), key=lambda kv: int(kv[0])):
+        ys = [(i + 1) / len(samples) for i in range(len(samples))]
+        cdf.plot(samples, ys, label=f"{rate} events/s")
+    cdf.set_xscale("log")
+    cdf.set_xlabel("event published -> resume published (ms)")
+    cdf.set_ylabel("fraction")
+    cdf.set_title("latency CDF")
+    cdf.legend()
+    rows = sorted(
+        int(k.split("_")[1]) for k in f if k.startswith("scale_") and k.endswith("_r_matcher")
+    )
+    scale.plot(rows, [f[f"scale_{n}_r_matcher"] for n in rows], marker="o")
+    scale.set_xscale("symlog", linthresh=1000)
+    scale.set_xlabel("waits and events already stored")
+    scale.set_ylabel("r_matcher (events/s)")
+    scale.set_ylim(bottom=0)
+    scale.set_title("scale")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def write_reports(results: dict[str, Any], out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / "results.json"
+    json_path.write_text(json.dumps(results, indent=2) + "\n")
+    (out_dir / "results.md").write_text(_markdown(results))
+    _plot(results, out_dir / "results.png")
+    return json_path.resolve()

@@ -1,0 +1,598 @@
+"""The benchmark: matcher against this machine's limits and a peer, every figure in one run.
+
+    python -m bench.run [--quick] [--out DIR]
+
+Uses the services named by MATCHER_KAFKA_BOOTSTRAP_SERVERS and MATCHER_DATABASE_URL (the
+Makefile points them at the devstack). Every figure is the median of --reps repetitions
+after a warm-up; the same signed events (size, partitions) and the same schema serve all.
+The last line printed is the path of the JSON results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.structs import OffsetAndMetadata
+from matcher_producer import CompletionEvent, SigningKey, encode, sign_record
+from psycopg import sql
+from psycopg.types.json import Jsonb
+from rich.console import Console
+from rich.progress import Progress
+
+from matcher.domain.events import CompletionEvent as CloudEventIn
+from matcher.kafka.binding import parse_record
+from matcher.kafka.topics import ensure_topics
+from matcher.store.migrate import migrate
+
+console = Console(stderr=True)
+SECRET = "whsec_" + base64.b64encode(b"benchmark-hmac-secret-0123456789").decode()
+PARTITIONS = 6
+PAYLOAD = {"status": "succeeded", "rows": 1200, "output": "s3://bucket/out/" + "x" * 120}
+
+
+@dataclass
+class Plan:
+    n: int  # events per throughput measurement
+    naive_n: int  # the naive design is slow; its rate needs fewer events
+    reps: int
+    rates: list[int]
+    latency_s: float
+    scale: list[int]
+    dbos_n: int
+
+
+SMOKE = Plan(n=300, naive_n=60, reps=3, rates=[200], latency_s=1, scale=[0, 2000], dbos_n=30)
+QUICK = Plan(
+    n=4000, naive_n=600, reps=3, rates=[500, 2000], latency_s=4, scale=[0, 100_000], dbos_n=400
+)
+FULL = Plan(
+    n=30_000, naive_n=3000, reps=3, rates=[500, 2000], latency_s=15,
+    scale=[0, 100_000, 1_000_000], dbos_n=2000,
+)  # fmt: skip
+
+
+@dataclass
+class Results:
+    plan: dict[str, Any]
+    machine: dict[str, Any]
+    runs: dict[str, list[float]] = field(default_factory=dict)
+    figures: dict[str, Any] = field(default_factory=dict)
+    ratios: dict[str, float] = field(default_factory=dict)
+    targets: dict[str, bool] = field(default_factory=dict)
+
+
+class Env:
+    def __init__(self) -> None:
+        self.kafka = os.environ["MATCHER_KAFKA_BOOTSTRAP_SERVERS"]
+        self.admin_url = os.environ["MATCHER_DATABASE_URL"]
+        self.template = f"bench_tpl_{uuid.uuid4().hex[:8]}"
+        self.databases: list[str] = []
+        self.workdir = Path(tempfile.mkdtemp(prefix="matcher-bench-"))
+        self.producers_file = self.workdir / "producers.toml"
+        self.producers_file.write_text(
+            f'[producers."bench-svc"]\ntenants = ["acme"]\ntypes = ["job.completed"]\n'
+            f'[[producers."bench-svc".keys]]\nid = "k1"\nhmac_secret = "{SECRET}"\n'
+        )
+
+    def url(self, name: str) -> str:
+        return self.admin_url.rsplit("/", 1)[0] + "/" + name
+
+    def admin(self, statement: sql.Composed) -> None:
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(statement)
+
+    def setup(self) -> None:
+        self.admin(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.template)))
+        migrate(self.url(self.template))
+
+    def fresh_db(self) -> str:
+        name = f"bench_{uuid.uuid4().hex[:10]}"
+        self.admin(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(self.template)
+            )
+        )
+        self.databases.append(name)
+        return self.url(name)
+
+    def cleanup(self) -> None:
+        for name in [*self.databases, self.template]:
+            self.admin(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+    async def topic(self, kind: str) -> str:
+        name = f"bench.{uuid.uuid4().hex[:8]}.{kind}"
+        await ensure_topics({"bootstrap_servers": self.kafka}, [name], partitions=PARTITIONS)
+        return name
+
+
+def signed_events(count: int) -> list[tuple[str, bytes, list[tuple[str, bytes]], bytes]]:
+    """(correlation id, key, headers, value) of ``count`` signed binary-mode events."""
+    key = [SigningKey.parse("k1", SECRET)]
+    out = []
+    for _ in range(count):
+        correlation = uuid.uuid4().hex
+        event = CompletionEvent(
+            source="bench-svc", type="job.completed", tenant="acme",
+            correlation_id=correlation, job_id=f"job-{correlation[:8]}", data=PAYLOAD,
+        )  # fmt: skip
+        record = sign_record(encode(event), event.id, key)
+        out.append((correlation, record.key, record.headers, record.value))
+    return out
+
+
+async def produce_all(
+    env: Env, topic: str, events: list[tuple[str, bytes, list[tuple[str, bytes]], bytes]]
+) -> None:
+    producer = AIOKafkaProducer(
+        bootstrap_servers=env.kafka, enable_idempotence=True, acks="all", linger_ms=5,
+        max_batch_size=256 * 1024,
+    )  # fmt: skip
+    await producer.start()
+    try:
+        futures = [await producer.send(topic, v, key=k, headers=h) for _, k, h, v in events]
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+def register_waits(url: str, correlations: list[str]) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO matcher.waits (id, tenant, run_id, position, event_types, correlation_id)"
+            " SELECT gen_random_uuid(), 'acme', 'run-' || c, 0, ARRAY['job.completed'], c"
+            " FROM unnest(%s::text[]) AS c",
+            [correlations],
+        )
+
+
+def preload(url: str, rows: int) -> None:
+    """``rows`` old resolved waits and consumed events, as months of history would leave."""
+    if rows == 0:
+        return
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO matcher.waits (id, tenant, run_id, position, event_types,"
+            " correlation_id, state, created_at, resolved_at, resolution,"
+            " resolved_by_producer, resolved_by_event_id)"
+            " SELECT gen_random_uuid(), 'acme', 'old-' || g, 0, ARRAY['job.completed'],"
+            " 'old-corr-' || g, 'matched', now() - interval '2 days', now() - interval '2 days',"
+            " 'event', 'old-svc', 'old-' || g FROM generate_series(1, %s) AS g",
+            [rows],
+        )
+        conn.execute(
+            "INSERT INTO matcher.inbox (producer, event_id, tenant, type, correlation_id,"
+            " external_job_id, received_at, kafka_topic, kafka_partition, kafka_offset, data,"
+            " status, status_at) SELECT 'old-svc', 'old-' || g, 'acme', 'job.completed',"
+            " 'old-corr-' || g, 'job-' || g, now() - interval '2 days', 'old', g %% 6, g,"
+            " %s::jsonb, 'consumed', now() - interval '2 days' FROM generate_series(1, %s) AS g",
+            [json.dumps(PAYLOAD), rows],
+        )
+        conn.execute("VACUUM ANALYZE matcher.waits")
+        conn.execute("VACUUM ANALYZE matcher.inbox")
+
+
+async def consume(
+    env: Env,
+    topic: str,
+    want: int,
+    handle: Callable[[AIOKafkaConsumer, list[Any]], Awaitable[None]],
+    max_records: int = 500,
+) -> float:
+    """Consume ``want`` records in batches through ``handle``; return the elapsed seconds."""
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=env.kafka, group_id=f"bench-{uuid.uuid4().hex[:8]}",
+        enable_auto_commit=False, auto_offset_reset="earliest", max_poll_records=max_records,
+    )  # fmt: skip
+    await consumer.start()
+    try:
+        seen = 0
+        started = None
+        while seen < want:
+            batch = await consumer.getmany(timeout_ms=1000, max_records=max_records)
+            records = [r for rs in batch.values() for r in rs]
+            if not records:
+                continue
+            started = started or time.perf_counter()
+            await handle(consumer, records)
+            seen += len(records)
+        return time.perf_counter() - (started or time.perf_counter())
+    finally:
+        await consumer.stop()
+
+
+def _offsets(records: list[Any]) -> dict[TopicPartition, OffsetAndMetadata]:
+    last: dict[TopicPartition, int] = {}
+    for r in records:
+        tp = TopicPartition(r.topic, r.partition)
+        last[tp] = max(last.get(tp, -1), r.offset)
+    return {tp: OffsetAndMetadata(o + 1, "") for tp, o in last.items()}
+
+
+_INSERT = (
+    "INSERT INTO matcher.inbox (producer, event_id, tenant, type, correlation_id,"
+    " external_job_id, occurred_at, kafka_topic, kafka_partition, kafka_offset, data)"
+    " SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[],"
+    " %s::text[], %s::timestamptz[], %s::text[], %s::integer[], %s::bigint[], %s::jsonb[])"
+    " ON CONFLICT (producer, event_id) DO NOTHING"
+)
+
+
+def _event(record: Any) -> CloudEventIn:
+    parsed = parse_record(list(record.headers), record.key, record.value)
+    assert isinstance(parsed, CloudEventIn), parsed
+    return parsed
+
+
+def _rows(records: list[Any]) -> list[list[Any]]:
+    cols: list[list[Any]] = [[] for _ in range(11)]
+    for r in records:
+        e = _event(r)
+        values = [
+            *(e.source, e.id, e.tenant, e.type, e.correlationid, e.jobid, e.time),
+            *(r.topic, r.partition, r.offset, Jsonb(e.data)),
+        ]
+        for col, value in zip(cols, values, strict=True):
+            col.append(value)
+    return cols
+
+
+async def r_kafka(env: Env, topic: str, n: int) -> float:
+    async def handle(consumer: AIOKafkaConsumer, records: list[Any]) -> None:
+        for r in records:
+            parse_record(list(r.headers), r.key, r.value)
+        await consumer.commit(_offsets(records))
+
+    return n / await consume(env, topic, n, handle)
+
+
+async def r_pg(env: Env, records: list[Any]) -> float:
+    url = env.fresh_db()
+    batches = [_rows(records[i : i + 500]) for i in range(0, len(records), 500)]
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        started = time.perf_counter()
+        for columns in batches:
+            await conn.execute(_INSERT, columns)
+            await conn.commit()
+        return len(records) / (time.perf_counter() - started)
+
+
+async def r_pipe(env: Env, topic: str, n: int) -> float:
+    url = env.fresh_db()
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+
+        async def handle(consumer: AIOKafkaConsumer, records: list[Any]) -> None:
+            await conn.execute(_INSERT, _rows(records))
+            await conn.commit()
+            await consumer.commit(_offsets(records))
+
+        return n / await consume(env, topic, n, handle)
+
+
+async def r_naive(env: Env, topic: str, events: list[Any], n: int) -> float:
+    """One transaction and one offset commit per event, one query per step."""
+    url = env.fresh_db()
+    register_waits(url, [c for c, *_ in events])
+
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+
+        async def handle(consumer: AIOKafkaConsumer, records: list[Any]) -> None:
+            for r in records:
+                e = _event(r)
+                cur = await conn.execute(
+                    "SELECT id, run_id FROM matcher.waits WHERE tenant = %s AND correlation_id = %s"
+                    " AND state = 'waiting' FOR UPDATE",
+                    [e.tenant, e.correlationid],
+                )
+                wait = await cur.fetchone()
+                await conn.execute(
+                    "INSERT INTO matcher.inbox (producer, event_id, tenant, type, correlation_id,"
+                    " kafka_topic, kafka_partition, kafka_offset, data, status)"
+                    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    [
+                        e.source,
+                        e.id,
+                        e.tenant,
+                        e.type,
+                        e.correlationid,
+                        r.topic,
+                        r.partition,
+                        r.offset,
+                        Jsonb(e.data),
+                        "consumed" if wait else "pending",
+                    ],
+                )
+                if wait:
+                    await conn.execute(
+                        "UPDATE matcher.waits SET state = 'matched', resolved_at = now(),"
+                        " resolution = 'event' WHERE id = %s AND state = 'waiting'",
+                        [wait[0]],
+                    )
+                    await conn.execute(
+                        "INSERT INTO matcher.outbox (wait_id, tenant, run_id, outcome)"
+                        " VALUES (%s, 'acme', %s, 'event')",
+                        [wait[0], wait[1]],
+                    )
+                await conn.commit()
+                await consumer.commit(_offsets([r]))
+
+        return n / await consume(env, topic, n, handle, max_records=50)
+
+
+def _daemon_env(env: Env, url: str, events_topic: str, resume_topic: str) -> dict[str, str]:
+    out = {k: v for k, v in os.environ.items() if not k.startswith("MATCHER_")}
+    out.update(
+        MATCHER_KAFKA_BOOTSTRAP_SERVERS=env.kafka, MATCHER_DATABASE_URL=url,
+        MATCHER_EVENTS_TOPIC=events_topic, MATCHER_RESUME_TOPIC=resume_topic,
+        MATCHER_CONSUMER_GROUP=f"bench-{uuid.uuid4().hex[:8]}",
+        MATCHER_PRODUCERS_FILE=str(env.producers_file), MATCHER_ADMIN_ADDRESS="127.0.0.1:0",
+        MATCHER_LOG_LEVEL="WARNING",
+    )  # fmt: skip
+    return out
+
+
+class Daemon:
+    def __init__(self, environment: dict[str, str]) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "matcher", "run"], env=environment,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    def peak_rss(self) -> int:
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    def stop(self) -> None:
+        self.process.terminate()
+        _, errors = self.process.communicate(timeout=60)
+        if self.process.returncode != 0:
+            raise RuntimeError(f"daemon exited {self.process.returncode}: {errors[-2000:]}")
+
+
+def _published(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM matcher.outbox WHERE published_at IS NOT NULL"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+async def r_matcher(
+    env: Env, topic: str, events: list[Any], preload_rows: int = 0
+) -> tuple[float, int]:
+    """The daemon end to end: (events/s until every resume is published, peak RSS bytes)."""
+    url = env.fresh_db()
+    preload(url, preload_rows)
+    register_waits(url, [c for c, *_ in events])
+    daemon = Daemon(_daemon_env(env, url, topic, await env.topic("resumes")))
+    try:
+        started = time.perf_counter()
+        while _published(url) < len(events):
+            if daemon.process.poll() is not None:
+                raise RuntimeError(
+                    "daemon died: "
+                    + (daemon.process.stderr.read() if daemon.process.stderr else "")
+                )
+            await asyncio.sleep(0.05)
+        elapsed = time.perf_counter() - started
+        rss = daemon.peak_rss()
+    finally:
+        daemon.stop()
+    return len(events) / elapsed, rss
+
+
+async def latency(env: Env, rate: int, seconds: float, preload_rows: int = 0) -> dict[str, Any]:
+    """Events published at ``rate``/s; published-to-resume-published latency percentiles."""
+    url = env.fresh_db()
+    preload(url, preload_rows)
+    count = int(rate * seconds)
+    events = signed_events(count)
+    register_waits(url, [c for c, *_ in events])
+    events_topic, resume_topic = await env.topic("events"), await env.topic("resumes")
+    daemon = Daemon(_daemon_env(env, url, events_topic, resume_topic))
+    sent: dict[str, float] = {}
+    resumes = AIOKafkaConsumer(
+        resume_topic, bootstrap_servers=env.kafka, group_id=None, auto_offset_reset="earliest"
+    )
+    producer = AIOKafkaProducer(
+        bootstrap_servers=env.kafka, enable_idempotence=True, acks="all", linger_ms=0
+    )
+    await resumes.start()
+    await producer.start()
+    try:
+        await asyncio.sleep(3)  # the daemon joins its group
+        started = time.perf_counter()
+        for i, (correlation, key, headers, value) in enumerate(events):
+            due = started + i / rate
+            now = time.perf_counter()
+            if due > now:
+                await asyncio.sleep(due - now)
+            sent[correlation] = time.time()
+            await producer.send(events_topic, value, key=key, headers=headers)
+        latencies: list[float] = []
+        deadline = time.monotonic() + 60
+        while len(latencies) < count and time.monotonic() < deadline:
+            for records in (await resumes.getmany(timeout_ms=500)).values():
+                for r in records:
+                    data = json.loads(r.value)["data"]
+                    latencies.append(r.timestamp / 1000 - sent[data["correlation_id"]])
+    finally:
+        await producer.stop()
+        await resumes.stop()
+        daemon.stop()
+    latencies.sort()
+
+    def pct(p: float) -> float:
+        return 1000 * latencies[min(len(latencies) - 1, int(p * len(latencies)))]
+
+    step = max(1, len(latencies) // 1000)
+    return {
+        "p50_ms": pct(0.50),
+        "p95_ms": pct(0.95),
+        "p99_ms": pct(0.99),
+        "received": len(latencies),
+        "sent": count,
+        "samples_ms": [1000 * x for x in latencies[::step]],
+    }
+
+
+def r_dbos(env: Env, count: int) -> float:
+    url = env.fresh_db()
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.dbos_peer", url, str(count)],
+        capture_output=True, text=True, timeout=600, check=True,
+    )  # fmt: skip
+    return count / float(json.loads(out.stdout.strip().splitlines()[-1])["seconds"])
+
+
+def _median(values: list[float]) -> float:
+    return float(statistics.median(values))
+
+
+async def run(plan: Plan, out_dir: Path) -> Path:
+    env = Env()
+    env.setup()
+    results = Results(
+        plan=asdict(plan),
+        machine={
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        },
+    )
+    runs = results.runs
+    samples: dict[str, list[float]] = {}
+    try:
+        steps = 6 + 2 + len(plan.scale) * 2
+        with Progress(console=console, transient=False) as progress:
+            task = progress.add_task("benchmark", total=steps)
+
+            def step(text: str) -> None:
+                progress.update(task, advance=1, description=text)
+
+            events = signed_events(plan.n)
+            topic = await env.topic("events")
+            await produce_all(env, topic, events)
+            naive_events = events[: plan.naive_n]
+            naive_topic = await env.topic("events")
+            await produce_all(env, naive_topic, naive_events)
+            # Records as a consumer sees them, for the no-Kafka measurement.
+            records: list[Any] = []
+            await consume(env, topic, plan.n, lambda _c, rs: _collect(records, rs))
+
+            # Warm-up (not recorded), then the repetitions, interleaved so drift hits all alike.
+            await r_kafka(env, topic, plan.n)
+            await r_matcher(env, topic, events[: plan.n // 4])
+            for _ in range(plan.reps):
+                runs.setdefault("r_kafka", []).append(await r_kafka(env, topic, plan.n))
+                runs.setdefault("r_pg", []).append(await r_pg(env, records))
+                runs.setdefault("r_pipe", []).append(await r_pipe(env, topic, plan.n))
+                runs.setdefault("r_naive", []).append(
+                    await r_naive(env, naive_topic, naive_events, plan.naive_n)
+                )
+                rate, rss = await r_matcher(env, topic, events)
+                runs.setdefault("r_matcher", []).append(rate)
+                runs.setdefault("rss_bytes", []).append(float(rss))
+                runs.setdefault("r_dbos", []).append(r_dbos(env, plan.dbos_n))
+                step(f"throughput, repetition {len(runs['r_kafka'])} of {plan.reps}")
+            for rate in plan.rates:
+                found = [await latency(env, rate, plan.latency_s) for _ in range(plan.reps)]
+                for k in ("p50_ms", "p95_ms", "p99_ms"):
+                    runs.setdefault(f"latency_{rate}_{k}", []).extend(f[k] for f in found)
+                samples[str(rate)] = found[-1]["samples_ms"]
+                lost = sum(f["sent"] - f["received"] for f in found)
+                if lost:
+                    raise RuntimeError(f"{lost} resumes missing at {rate}/s")
+                step(f"latency at {rate}/s")
+            for rows in plan.scale:
+                for _ in range(plan.reps):
+                    rate, _rss = await r_matcher(env, topic, events, preload_rows=rows)
+                    runs.setdefault(f"scale_{rows}_r_matcher", []).append(rate)
+                step(f"scale {rows:,}: throughput")
+                found = [
+                    await latency(env, plan.rates[0], plan.latency_s, preload_rows=rows)
+                    for _ in range(plan.reps)
+                ]
+                runs.setdefault(f"scale_{rows}_p99_ms", []).extend(f["p99_ms"] for f in found)
+                step(f"scale {rows:,}: latency")
+    finally:
+        env.cleanup()
+
+    figures: dict[str, Any] = {k: _median(v) for k, v in runs.items()}
+    figures["rss_peak_bytes"] = max(runs["rss_bytes"])
+    results.figures = figures
+    figures["latency_samples_ms"] = samples
+    m = figures["r_matcher"]
+    results.ratios = {
+        "matcher_over_pipe": m / figures["r_pipe"],
+        "matcher_over_min_kafka_pg": m / min(figures["r_kafka"], figures["r_pg"]),
+        "matcher_over_naive": m / figures["r_naive"],
+        "matcher_over_dbos": m / figures["r_dbos"],
+    }
+    biggest = max(plan.scale)
+    results.ratios[f"scale_{biggest}_over_0"] = (
+        figures[f"scale_{biggest}_r_matcher"] / figures["scale_0_r_matcher"]
+    )
+    results.targets = {
+        "r_matcher >= 0.5 x r_pipe": results.ratios["matcher_over_pipe"] >= 0.5,
+        "r_matcher >= 0.25 x min(r_kafka, r_pg)": results.ratios["matcher_over_min_kafka_pg"]
+        >= 0.25,
+        "r_matcher >= 10 x r_naive": results.ratios["matcher_over_naive"] >= 10,
+        "r_matcher >= 20 x r_dbos": results.ratios["matcher_over_dbos"] >= 20,
+        "p99 <= 50 ms at 500/s": figures.get("latency_500_p99_ms", 1e9) <= 50,
+        "p99 <= 200 ms at 2000/s": figures.get("latency_2000_p99_ms", 1e9) <= 200,
+        f"r_matcher with {biggest:,} rows >= 0.8 x empty": results.ratios[f"scale_{biggest}_over_0"]
+        >= 0.8,
+        "daemon peak RSS <= 200 MB": figures["rss_peak_bytes"] <= 200 * 1024 * 1024,
+    }
+    from bench.report import write_reports
+
+    return write_reports(results.__dict__, out_dir)
+
+
+async def _collect(into: list[Any], records: list[Any]) -> None:
+    into.extend(records)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="the under-3-minutes version")
+    parser.add_argument("--smoke", action="store_true", help="tiny: proves the harness works")
+    parser.add_argument(
+        "--out", default=None, help="results directory (default bench/results/<time>)"
+    )
+    parser.add_argument(
+        "--reps", type=int, default=None, help="repetitions per figure (at least 3)"
+    )
+    args = parser.parse_args()
+    plan = SMOKE if args.smoke else QUICK if args.quick else FULL
+    if args.reps:
+        plan.reps = max(3, args.reps)
+    out = Path(args.out or f"bench/results/{time.strftime('%Y%m%d-%H%M%S')}")
+    path = asyncio.run(run(plan, out))
+    print(path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""The hot queries stay on their indexes when the tables are big (EXPLAIN, not timing)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from matcher.config import Settings
+from matcher.store.sql import query
+
+ROWS = 60_000
+
+
+@pytest.fixture
+def big(settings: Settings) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as conn:
+        _fill(conn)
+        yield conn
+
+
+def _fill(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(
+        "INSERT INTO matcher.waits (id, tenant, run_id, position, event_types, correlation_id,"
+        " state, created_at, resolved_at, resolution, deadline)"
+        " SELECT gen_random_uuid(), 't' || (g %% 50), 'run-' || g, 0, ARRAY['done'], 'c-' || g,"
+        " CASE WHEN g %% 100 = 0 THEN 'waiting' ELSE 'matched' END, now() - interval '1 day',"
+        " CASE WHEN g %% 100 = 0 THEN NULL ELSE now() END,"
+        " CASE WHEN g %% 100 = 0 THEN NULL ELSE 'event' END,"
+        " now() + (g || ' seconds')::interval FROM generate_series(1, %s) AS g",
+        [ROWS],
+    )
+    conn.execute(
+        "INSERT INTO matcher.inbox (producer, event_id, tenant, type, correlation_id,"
+        " external_job_id, received_at, kafka_topic, kafka_partition, kafka_offset, data, status)"
+        " SELECT 'p', 'e-' || g, 't' || (g %% 50), 'done', 'c-' || g, 'job-' || g,"
+        " now() - interval '1 day', 'events', g %% 6, g, '{}', CASE WHEN g %% 100 = 1 THEN"
+        " 'pending' ELSE 'consumed' END FROM generate_series(1, %s) AS g",
+        [ROWS],
+    )
+    conn.execute(
+        "INSERT INTO matcher.outbox (wait_id, tenant, run_id, outcome, published_at)"
+        " SELECT id, tenant, run_id, 'event', now() FROM matcher.waits WHERE state = 'matched'"
+    )
+    for table in ("waits", "inbox", "outbox"):
+        conn.execute(f"VACUUM ANALYZE matcher.{table}".encode())
+
+
+def _scans(plan: Any) -> list[tuple[str, str]]:
+    found: list[tuple[str, str]] = []
+    if isinstance(plan, dict):
+        if "Node Type" in plan and "Relation Name" in plan:
+            found.append((plan["Node Type"], plan["Relation Name"]))
+        for value in plan.values():
+            found.extend(_scans(value))
+    elif isinstance(plan, list):
+        for item in plan:
+            found.extend(_scans(item))
+    return found
+
+
+def _explain(conn: psycopg.Connection[Any], sql: str, params: Any) -> list[tuple[str, str]]:
+    row = conn.execute(f"EXPLAIN (FORMAT JSON) {sql}".encode(), params).fetchone()
+    assert row is not None
+    plan = row[0] if not isinstance(row[0], str) else json.loads(row[0])
+    return _scans(plan)
+
+
+KEYS = {"tenant": ["t1", "t2"], "correlation_id": ["c-1", "c-2"]}
+HOT = [
+    ("ingest", "lock_keys", KEYS),
+    ("ingest", "stored_events", {"producer": ["p", "p"], "event_id": ["e-1", "e-2"]}),
+    ("ingest", "waits_for_keys", KEYS),
+    (
+        "waits",
+        "register_wait",
+        {
+            "id": "00000000-0000-0000-0000-000000000001",
+            "tenant": "t1",
+            "run_id": "r",
+            "position": 0,
+            "event_types": ["done"],
+            "correlation_id": "c-1",
+            "external_job_id": None,
+            "deadline": None,
+        },
+    ),
+    ("resolve", "sweep_deadlines", {"limit": 1000}),
+    ("resolve", "cancel_wait", {"wait_id": "00000000-0000-0000-0000-000000000001"}),
+    ("relay", "claim_unpublished", {"limit": 500}),
+    ("janitor", "expire_pending", {"retention": timedelta(days=7), "limit": 5000}),
+    (
+        "janitor",
+        "purge_inbox",
+        {"keep": timedelta(days=14), "purge_after": timedelta(days=7), "limit": 5000},
+    ),
+    ("explain", "events_by_correlation", {"correlation_id": "c-1"}),
+    ("explain", "waits_of_run", {"run_id": "run-1", "tenant": None}),
+]
+BIG_TABLES = {"waits", "inbox", "outbox"}
+
+
+@pytest.mark.parametrize(("module", "name", "params"), HOT, ids=[f"{m}.{n}" for m, n, _ in HOT])
+def test_hot_query_uses_indexes(
+    big: psycopg.Connection[Any], module: str, name: str, params: Any
+) -> None:
+    scans = _explain(big, query(module, name), params)
+    sequential = [table for node, table in scans if node == "Seq Scan" and table in BIG_TABLES]
+    assert sequential == [], f"{module}.{name} scans {sequential} sequentially: {scans}"
