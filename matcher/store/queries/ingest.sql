@@ -1,24 +1,26 @@
 -- name: lock_keys
+-- (Array parameters use binary placeholders: psycopg's C dumpers encode them far
+-- faster than the text form, and every statement here carries a whole batch.)
 -- Every (tenant, correlation id) of the batch, in one fixed order (invariant 2: batches and
 -- registrations take the same locks, sorted, so they cannot deadlock each other).
 SELECT pg_advisory_xact_lock(k)
 FROM (
     SELECT DISTINCT matcher.wait_key(t, c) AS k
-    FROM unnest(%(tenant)s::text[], %(correlation_id)s::text[]) AS u(t, c)
+    FROM unnest(%(tenant)b::text[], %(correlation_id)b::text[]) AS u(t, c)
     ORDER BY 1
 ) AS keys;
 
 -- name: stored_events
 SELECT i.producer, i.event_id
 FROM matcher.inbox AS i
-JOIN unnest(%(producer)s::text[], %(event_id)s::text[]) AS u(producer, event_id)
+JOIN unnest(%(producer)b::text[], %(event_id)b::text[]) AS u(producer, event_id)
   ON i.producer = u.producer AND i.event_id = u.event_id;
 
 -- name: waits_for_keys
 -- Waiting waits to resolve, and timed-out or cancelled ones to recognise late events.
 SELECT w.id, w.tenant, w.correlation_id, w.event_types, w.state, w.created_at, w.resolved_at
 FROM matcher.waits AS w
-JOIN (SELECT DISTINCT t, c FROM unnest(%(tenant)s::text[], %(correlation_id)s::text[]) AS u(t, c)) AS k
+JOIN (SELECT DISTINCT t, c FROM unnest(%(tenant)b::text[], %(correlation_id)b::text[]) AS u(t, c)) AS k
   ON w.tenant = k.t AND w.correlation_id = k.c
 WHERE w.state <> 'matched'
 FOR UPDATE OF w;
@@ -31,10 +33,10 @@ INSERT INTO matcher.inbox (
 )
 SELECT *
 FROM unnest(
-    %(producer)s::text[], %(event_id)s::text[], %(tenant)s::text[], %(type)s::text[],
-    %(correlation_id)s::text[], %(external_job_id)s::text[], %(occurred_at)s::timestamptz[],
-    %(topic)s::text[], %(partition)s::integer[], %(offset)s::bigint[], %(data)s::jsonb[],
-    %(status)s::text[], %(consumed_by)s::uuid[], %(late_for)s::uuid[]
+    %(producer)b::text[], %(event_id)b::text[], %(tenant)b::text[], %(type)b::text[],
+    %(correlation_id)b::text[], %(external_job_id)b::text[], %(occurred_at)b::timestamptz[],
+    %(topic)b::text[], %(partition)b::integer[], %(offset)b::bigint[], %(data)b::jsonb[],
+    %(status)b::text[], %(consumed_by)b::uuid[], %(late_for)b::uuid[]
 )
 ON CONFLICT (producer, event_id) DO NOTHING
 RETURNING producer, event_id;
@@ -46,7 +48,7 @@ WITH resolved AS (
     SET state = 'matched', resolved_at = now(), resolution = 'event',
         resolved_by_producer = u.producer, resolved_by_event_id = u.event_id,
         version = w.version + 1
-    FROM unnest(%(wait_id)s::uuid[], %(producer)s::text[], %(event_id)s::text[])
+    FROM unnest(%(wait_id)b::uuid[], %(producer)b::text[], %(event_id)b::text[])
         AS u(wait_id, producer, event_id)
     WHERE w.id = u.wait_id AND w.state = 'waiting'
     RETURNING w.id, w.tenant, w.run_id
@@ -65,10 +67,10 @@ INSERT INTO matcher.quarantine (
 )
 SELECT *
 FROM unnest(
-    %(topic)s::text[], %(partition)s::integer[], %(offset)s::bigint[], %(key)s::bytea[],
-    %(value)s::bytea[], %(headers)s::jsonb[], %(reason)s::text[], %(detail)s::text[],
-    %(producer)s::text[], %(event_id)s::text[], %(tenant)s::text[], %(type)s::text[],
-    %(correlation_id)s::text[]
+    %(topic)b::text[], %(partition)b::integer[], %(offset)b::bigint[], %(key)b::bytea[],
+    %(value)b::bytea[], %(headers)b::jsonb[], %(reason)b::text[], %(detail)b::text[],
+    %(producer)b::text[], %(event_id)b::text[], %(tenant)b::text[], %(type)b::text[],
+    %(correlation_id)b::text[]
 )
 ON CONFLICT (kafka_topic, kafka_partition, kafka_offset) DO NOTHING;
 
