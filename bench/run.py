@@ -59,7 +59,7 @@ class Plan:
 
 SMOKE = Plan(n=300, naive_n=60, reps=3, rates=[200], latency_s=1, scale=[0, 2000], dbos_n=30)
 QUICK = Plan(
-    n=4000, naive_n=600, reps=3, rates=[500, 2000], latency_s=4, scale=[0, 100_000], dbos_n=400
+    n=4000, naive_n=500, reps=3, rates=[500, 2000], latency_s=3, scale=[0, 100_000], dbos_n=300
 )
 FULL = Plan(
     n=30_000, naive_n=3000, reps=3, rates=[500, 2000], latency_s=15,
