@@ -192,6 +192,7 @@ async def test_metrics_after_a_scenario_and_gauges_back_to_zero(admin: Admin) ->
             _value(now, "matcher_matches_total") - _value(before, "matcher_matches_total") == 20
             and _value(now, "matcher_inbox_pending_events") == 2
             and _value(now, "matcher_outbox_pending") == 0
+            and _value(now, "matcher_quarantine_records") >= 1
         )
 
     await eventually(settled, timeout=30)
