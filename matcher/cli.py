@@ -228,7 +228,7 @@ def explain(
     still waiting because of a missing signal, a mismatch, or a backlog."""
     import psycopg
 
-    from matcher.admin.explain import explain_run
+    from matcher.admin.explain import explain_run, explanation_body
     from matcher.store.explain import AmbiguousRun, UnknownRun
 
     settings = _settings()
@@ -247,15 +247,7 @@ def explain(
         _fail([f"matcher: {exc}: give --tenant"], code=2)
     wait = explanation.evidence["wait"]
     if as_json:
-        _print_json(
-            {
-                "run_id": run_id,
-                "tenant": wait["tenant"],
-                "verdict": explanation.verdict.value,
-                "reasons": explanation.reasons,
-                "evidence": explanation.evidence,
-            }
-        )
+        _print_json(explanation_body(run_id, explanation))
         return
     out.print(
         f"run [bold]{run_id}[/] ({wait['tenant']}), position {wait['position']}, wait "

@@ -12,6 +12,17 @@ from matcher.kafka.lag import group_lag, partition_for
 from matcher.store.explain import gather
 
 
+def explanation_body(run_id: str, explanation: Explanation) -> dict[str, Any]:
+    """The JSON answer of ``matcher explain --json`` and of the HTTP endpoint."""
+    return {
+        "run_id": run_id,
+        "tenant": explanation.evidence["wait"]["tenant"],
+        "verdict": explanation.verdict,
+        "reasons": explanation.reasons,
+        "evidence": explanation.evidence,
+    }
+
+
 async def explain_run(
     settings: Settings,
     conn: psycopg.AsyncConnection[Any],

@@ -20,7 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel
 
 from matcher import __version__
-from matcher.admin.explain import explain_run
+from matcher.admin.explain import explain_run, explanation_body
 from matcher.config import Settings
 from matcher.domain.explain import Verdict
 from matcher.domain.waits import Wait
@@ -217,14 +217,7 @@ def create_app(state: AdminState) -> FastAPI:
                 raise HTTPException(404, f"no waits for run {run_id!r}") from None
             except AmbiguousRun as exc:
                 raise HTTPException(409, f"{exc}: give ?tenant=") from None
-        wait = explanation.evidence["wait"]
-        return ExplainResponse(
-            run_id=run_id,
-            tenant=wait["tenant"],
-            verdict=explanation.verdict,
-            reasons=explanation.reasons,
-            evidence=explanation.evidence,
-        )
+        return ExplainResponse(**explanation_body(run_id, explanation))
 
     @app.get(
         "/v1/waits", response_model=WaitsPage, dependencies=v1, responses=errors, tags=["inspect"]

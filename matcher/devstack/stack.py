@@ -14,7 +14,6 @@ import fcntl
 import json
 import os
 import shutil
-import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -166,12 +165,6 @@ class Devstack:
             "MATCHER_KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{ports.kafka}",
             "MATCHER_DATABASE_URL": postgres.url(ports.postgres),
         }
-
-
-def timed_up(stack: Devstack, *, fresh: bool = False) -> tuple[Ports, float]:
-    started = time.monotonic()
-    ports = stack.up(fresh=fresh)
-    return ports, time.monotonic() - started
 
 
 def as_json(statuses: list[ServiceStatus]) -> list[dict[str, Any]]:

@@ -76,14 +76,6 @@ class CompletionEvent(BaseModel):
         return value
 
 
-class KafkaCoordinates(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    topic: str
-    partition: int
-    offset: int
-
-
 @dataclass(frozen=True)
 class Rejection:
     """Why a Kafka record is not a valid completion event."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -52,7 +52,6 @@ class BatchResult:
     late: int = 0
     pending: int = 0
     quarantined: int = 0
-    resolved_wait_ids: list[str] = field(default_factory=list)
 
 
 class ConcurrentInsert(Exception):
@@ -240,7 +239,6 @@ async def store_batch(
             for placement in decision.placements:
                 if placement.status is InboxStatus.CONSUMED:
                     result.matched += 1
-                    result.resolved_wait_ids.append(str(placement.wait_id))
                 elif placement.status is InboxStatus.LATE:
                     result.late += 1
                 else:
