@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from datetime import UTC, datetime
 from typing import Any
@@ -25,7 +24,7 @@ from psycopg_pool import AsyncConnectionPool
 from matcher.admin import metrics
 from matcher.config import Settings
 from matcher.daemon.faults import crash_point
-from matcher.domain.resume import ResumeData, ResumeEvent, resume_cloudevent
+from matcher.domain.resume import ResumeData, ResumeEvent, resume_message
 from matcher.domain.waits import Outcome
 from matcher.store.sql import query
 
@@ -166,7 +165,7 @@ class Relay:
             futures = []
             for row in rows:
                 resume = resume_from_row(row)
-                value = json.dumps(resume_cloudevent(resume)).encode()
+                value = resume_message(resume)
                 futures.append(
                     await producer.send(
                         topic,

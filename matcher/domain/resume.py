@@ -66,12 +66,20 @@ class ResumeCloudEvent(BaseModel):
     data: ResumeData
 
 
-def resume_cloudevent(data: ResumeData) -> dict[str, Any]:
-    """The structured-mode JSON CloudEvent carrying ``data``."""
-    return ResumeCloudEvent(
-        id=str(data.resolution_id),
-        subject=data.run_id,
-        time=data.resolved_at,
-        tenant=data.tenant,
-        data=data,
-    ).model_dump(mode="json")
+def resume_message(data: ResumeData) -> bytes:
+    """The structured-mode JSON CloudEvent carrying ``data``, as the bytes to publish.
+
+    Serialised by pydantic's core in one pass (no intermediate dict): the relay does this
+    for every resolution.
+    """
+    return (
+        ResumeCloudEvent(
+            id=str(data.resolution_id),
+            subject=data.run_id,
+            time=data.resolved_at,
+            tenant=data.tenant,
+            data=data,
+        )
+        .model_dump_json()
+        .encode()
+    )

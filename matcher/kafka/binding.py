@@ -10,6 +10,7 @@ plus whatever identifying attributes could still be read, for operators and ``ex
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -89,11 +90,67 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:400]}"
 
 
+_EXTENSION_NAME = re.compile(r"[a-z0-9]+")
+_REQUIRED = ("specversion", "id", "source", "type")
+
+
+def _fast_binary(header_map: dict[str, bytes], value: bytes | None) -> CompletionEvent | None:
+    """The common case of binary mode, read without the SDK (a fifth of ingest's CPU).
+
+    Only a well-formed event passes here; anything unusual returns None and goes through
+    the SDK, so the accepted events and every rejection's wording stay the SDK's.
+    """
+    attributes: dict[str, Any] = {}
+    try:
+        for name, raw in header_map.items():
+            lowered = name.lower()
+            if lowered.startswith("ce_"):
+                attr = lowered[3:]
+                if not _EXTENSION_NAME.fullmatch(attr):
+                    return None
+                text = raw.decode("utf-8")
+                if not text or attr in ("dataschema", "subject"):
+                    return None  # rare; the SDK has rules for these
+                # fromisoformat, not pydantic, reads the time: pydantic also takes a bare
+                # number as epoch seconds, which the SDK (and RFC 3339) refuse.
+                if attr == "time":
+                    when = datetime.fromisoformat(text)
+                    if when.tzinfo is None:
+                        return None  # RFC 3339 times carry an offset
+                    attributes[attr] = when
+                else:
+                    attributes[attr] = text
+            elif lowered == "content-type":
+                content_type = raw.decode("utf-8")
+                if not content_type or not _is_json_type(content_type):
+                    return None
+                attributes["datacontenttype"] = content_type
+        if attributes.get("specversion") != "1.0" or not all(
+            attributes.get(name) for name in _REQUIRED
+        ):
+            return None
+        attributes["data"] = _json_data(value or b"")
+        return CompletionEvent.model_validate(attributes)
+    except (ValueError, ValidationError):
+        return None
+
+
 def parse_record(
     headers: Headers, key: bytes | None, value: bytes | None
 ) -> CompletionEvent | Rejection:
     """Read one Kafka record as a completion event, or say why it is not one."""
     header_map = _header_dict(headers)
+    if not is_structured(header_map):
+        fast = _fast_binary(header_map, value)
+        if fast is not None:
+            return fast
+    return parse_with_sdk(header_map, key, value)
+
+
+def parse_with_sdk(
+    header_map: dict[str, bytes], key: bytes | None, value: bytes | None
+) -> CompletionEvent | Rejection:
+    """Every mode and every failure, read by the CloudEvents SDK."""
     message = ce_kafka.KafkaMessage(headers=header_map, key=key, value=value or b"")
     content_type = header_map.get("content-type", b"").decode("utf-8", "replace")
     structured = is_structured(header_map)
@@ -102,15 +159,29 @@ def parse_record(
             envelope = json.loads(value or b"")
             if not isinstance(envelope, dict):
                 return Rejection("malformed", "a structured-mode event must be a JSON object")
+        present = (
+            set(envelope)
+            if structured
+            else {name.lower()[3:] for name in header_map if name.lower().startswith("ce_")}
+        )
+        # The SDK invents an id (and assumes a specversion) when there is none; an invented
+        # id would make every redelivery of the event a new event.
+        missing = [name for name in _REQUIRED if name not in present]
+        if missing:
+            return Rejection(
+                "malformed",
+                f"required attribute(s) missing: {', '.join(missing)}",
+                _peek(header_map, value),
+            )
         event = ce_kafka.from_kafka(message, _FORMAT)
         attributes = dict(event.get_attributes())
         attributes.pop("partitionkey", None)  # the SDK's name for the Kafka key
         if structured:
-            if "time" not in envelope:
+            if "time" not in present:
                 attributes.pop("time", None)  # the SDK invents one; we record only facts
             attributes["data"] = _json_data(event.get_data())
         else:
-            if "ce_time" not in header_map:
+            if "time" not in present:
                 attributes.pop("time", None)
             if not _is_json_type(content_type):
                 return Rejection(

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from matcher.domain.events import CompletionEvent, Rejection
-from matcher.kafka.binding import parse_record
+from matcher.kafka.binding import parse_record, parse_with_sdk
 from tests.helpers import to_record
 
 EVENT = CompletionEvent(
@@ -110,7 +110,7 @@ def test_rejection_keeps_what_it_could_read() -> None:
     assert parsed.seen == {"producer": "billing", "event_id": "evt-9", "correlation_id": "c-9"}
 
 
-@settings(max_examples=400)
+@settings(max_examples=1500)
 @given(
     st.lists(st.tuples(st.text(max_size=20), st.one_of(st.none(), st.binary(max_size=40)))),
     st.one_of(st.none(), st.binary(max_size=300)),
@@ -136,3 +136,51 @@ def test_missing_time_stays_missing() -> None:
     assert isinstance(parsed, CompletionEvent)
     assert parsed.time is None
     assert parsed.data == {"v": 1}
+
+
+_ATTR_VALUES = st.one_of(
+    st.sampled_from(["1.0", "0.3", "", " ", "acme", "2026-11-30T12:00:00Z", "1700000000"]),
+    st.sampled_from(["2026-11-30T12:00:00.5+01:00", "2026-11-30", "2026-13-01T00:00:00Z"]),
+    st.text(max_size=12),
+)
+_HEADER_NAMES = st.sampled_from(
+    ["ce_specversion", "ce_id", "ce_source", "ce_type", "ce_tenant", "ce_correlationid",
+     "ce_jobid", "ce_time", "ce_Time", "ce_x-y", "ce_ext1", "content-type", "other"]
+)  # fmt: skip
+
+
+@settings(max_examples=1500, deadline=None)
+@given(
+    mutations=st.dictionaries(_HEADER_NAMES, _ATTR_VALUES, max_size=5),
+    drop=st.sets(_HEADER_NAMES, max_size=3),
+    value=st.sampled_from([b'{"ok": true}', b"", b"null", b"{", b'{"n": NaN}', b"\xff"]),
+)
+def test_fast_binary_path_agrees_with_the_sdk(
+    mutations: dict[str, str], drop: set[str], value: bytes
+) -> None:
+    """The SDK-free path for binary mode accepts only what the SDK path accepts, as the
+    same event; everything else it leaves to the SDK path, rejections included."""
+    key, headers, _ = to_record(EVENT, structured=False)
+    header_map = {name: raw or b"" for name, raw in headers}
+    header_map.update({name: text.encode() for name, text in mutations.items()})
+    for name in drop:
+        header_map.pop(name, None)
+    via_sdk = parse_with_sdk(header_map, key, value)
+    via_parse = parse_record(list(header_map.items()), key, value)
+    assert via_parse == via_sdk, (header_map, value, via_parse, via_sdk)
+
+
+@pytest.mark.parametrize("structured", [False, True])
+def test_an_event_without_an_id_is_rejected_not_given_one(structured: bool) -> None:
+    """The SDK would invent an id, and every redelivery would then be a new event."""
+    key, headers, value = to_record(EVENT, structured=structured)
+    if structured:
+        envelope = json.loads(value)
+        del envelope["id"]
+        value = json.dumps(envelope).encode()
+    else:
+        headers = [(name, raw) for name, raw in headers if name != "ce_id"]
+    parsed = parse_record(headers, key, value)
+    assert isinstance(parsed, Rejection)
+    assert parsed.reason == "malformed"
+    assert "id" in parsed.detail
