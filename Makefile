@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed-stamp
 USE_ENV := if [ -z "$${MATCHER_KAFKA_BOOTSTRAP_SERVERS:-}" ] || [ -z "$${MATCHER_DATABASE_URL:-}" ]; then \
 	$(BIN)/matcher devstack up && eval "$$($(BIN)/matcher devstack env)"; fi
 
-.PHONY: help install up down status migrate run lint test test-fast campaign bench bench-quick schemas clean
+.PHONY: help install up down status migrate run lint test test-fast chart-check campaign bench bench-quick schemas clean
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -49,7 +49,10 @@ lint: install ## Lint, format check, strict type check, import contracts.
 	$(BIN)/mypy matcher tests producers/python examples bench
 	$(BIN)/lint-imports
 
-test: lint ## Lint, then every test against real Kafka and Postgres.
+chart-check: ## Lint and render the Helm chart; check bad values are refused (builds helm once; needs Go).
+	scripts/check-chart
+
+test: lint chart-check ## Lint, check the chart, then every test against real Kafka and Postgres.
 	$(USE_ENV); $(BIN)/pytest
 
 # The long campaign: every crash point CRASH_ITERATIONS times under load, the fault tests

@@ -1,0 +1,326 @@
+{{/*
+Names. Kubernetes names are DNS labels: at most 63 characters, no trailing dash.
+*/}}
+{{- define "matcher.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "matcher.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "matcher.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Kubernetes recommended labels, on every object.
+*/}}
+{{- define "matcher.labels" -}}
+helm.sh/chart: {{ include "matcher.chart" . }}
+{{ include "matcher.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: matcher
+{{- end }}
+
+{{/*
+Selector labels. The daemon's selectors add component=daemon so that they never pick up
+the migration Job's pods, which share name and instance.
+*/}}
+{{- define "matcher.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "matcher.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "matcher.daemonSelectorLabels" -}}
+{{ include "matcher.selectorLabels" . }}
+app.kubernetes.io/component: daemon
+{{- end }}
+
+{{- define "matcher.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "matcher.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+The migration Job runs before the release's own objects exist on first install, so it
+cannot use the daemon's ServiceAccount: it gets a hook ServiceAccount of its own.
+*/}}
+{{- define "matcher.migrationServiceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- printf "%s-migrate" (include "matcher.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- include "matcher.serviceAccountName" . }}
+{{- end }}
+{{- end }}
+
+{{- define "matcher.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+
+{{- define "matcher.devSecretName" -}}
+{{- printf "%s-dev" (include "matcher.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Secret references: "<secret name> <key>", from existingSecret, else from the development
+Secret when createSecret holds the value, else empty (or a rendering error when required).
+*/}}
+{{- define "matcher.databaseSecret" -}}
+{{- if .Values.database.url.existingSecret }}
+{{- printf "%s %s" .Values.database.url.existingSecret .Values.database.url.key }}
+{{- else if and .Values.createSecret.enabled .Values.createSecret.databaseUrl }}
+{{- printf "%s database-url" (include "matcher.devSecretName" .) }}
+{{- else }}
+{{- required "database.url.existingSecret is required: the name of a Secret holding the postgresql:// URI of the database (key database.url.key, default \"url\")" .Values.database.url.existingSecret }}
+{{- end }}
+{{- end }}
+
+{{- define "matcher.saslSecret" -}}
+{{- if .Values.kafka.sasl.password.existingSecret }}
+{{- printf "%s %s" .Values.kafka.sasl.password.existingSecret .Values.kafka.sasl.password.key }}
+{{- else if and .Values.createSecret.enabled .Values.createSecret.kafkaSaslPassword }}
+{{- printf "%s kafka-sasl-password" (include "matcher.devSecretName" .) }}
+{{- end }}
+{{- end }}
+
+{{- define "matcher.adminTokenSecret" -}}
+{{- if .Values.admin.token.existingSecret }}
+{{- printf "%s %s" .Values.admin.token.existingSecret .Values.admin.token.key }}
+{{- else if and .Values.createSecret.enabled .Values.createSecret.adminToken }}
+{{- printf "%s admin-token" (include "matcher.devSecretName" .) }}
+{{- end }}
+{{- end }}
+
+{{- define "matcher.producersSecret" -}}
+{{- if .Values.producers.existingSecret }}
+{{- printf "%s %s" .Values.producers.existingSecret .Values.producers.key }}
+{{- else if and .Values.createSecret.enabled .Values.createSecret.producersToml }}
+{{- printf "%s producers.toml" (include "matcher.devSecretName" .) }}
+{{- end }}
+{{- end }}
+
+{{- define "matcher.saslEnabled" -}}
+{{- if hasPrefix "SASL_" .Values.kafka.securityProtocol }}true{{ end }}
+{{- end }}
+
+{{- define "matcher.tlsEnabled" -}}
+{{- if has .Values.kafka.securityProtocol (list "SSL" "SASL_SSL") }}true{{ end }}
+{{- end }}
+
+{{/*
+Seconds between SIGTERM and SIGKILL: explicit, or the shutdown timeout plus a margin for
+the last batch's commit and the process exit.
+*/}}
+{{- define "matcher.terminationGracePeriodSeconds" -}}
+{{- $shutdown := float64 .Values.shutdownTimeoutSeconds }}
+{{- $grace := .Values.terminationGracePeriodSeconds }}
+{{- if kindIs "invalid" $grace }}
+{{- $grace = add (int (ceil $shutdown)) 15 }}
+{{- end }}
+{{- if le (float64 $grace) $shutdown }}
+{{- fail (printf "terminationGracePeriodSeconds (%v) must be longer than shutdownTimeoutSeconds (%v): otherwise Kubernetes kills a daemon in the middle of its clean shutdown" $grace .Values.shutdownTimeoutSeconds) }}
+{{- end }}
+{{- int $grace }}
+{{- end }}
+
+{{/*
+A value as an env var string. Helm reads every number in values as a float, which would
+print 2000000 as "2e+06": whole numbers are printed as integers.
+*/}}
+{{- define "matcher.str" -}}
+{{- if and (kindIs "float64" .) (eq . (floor .)) }}
+{{- int64 . }}
+{{- else }}
+{{- toString . }}
+{{- end }}
+{{- end }}
+
+{{/*
+The non-secret settings as a YAML map of env var name to string. One definition feeds the
+ConfigMap (daemon) and the migration Job's inline env, so both always agree.
+*/}}
+{{- define "matcher.configEnv" -}}
+{{- $v := .Values }}
+{{- $env := dict }}
+{{- $_ := set $env "MATCHER_KAFKA_BOOTSTRAP_SERVERS" (required "kafka.bootstrapServers is required: the comma-separated host:port list of the Kafka brokers" $v.kafka.bootstrapServers) }}
+{{- $_ := set $env "MATCHER_KAFKA_SECURITY_PROTOCOL" $v.kafka.securityProtocol }}
+{{- if include "matcher.saslEnabled" . }}
+{{- $_ := set $env "MATCHER_KAFKA_SASL_MECHANISM" $v.kafka.sasl.mechanism }}
+{{- $_ := set $env "MATCHER_KAFKA_SASL_USERNAME" $v.kafka.sasl.username }}
+{{- end }}
+{{- if and (include "matcher.tlsEnabled" .) $v.kafka.tls.existingSecret }}
+{{- if $v.kafka.tls.caKey }}
+{{- $_ := set $env "MATCHER_KAFKA_SSL_CAFILE" (printf "%s/%s" $v.kafka.tls.mountPath $v.kafka.tls.caKey) }}
+{{- end }}
+{{- if $v.kafka.tls.certKey }}
+{{- $_ := set $env "MATCHER_KAFKA_SSL_CERTFILE" (printf "%s/%s" $v.kafka.tls.mountPath $v.kafka.tls.certKey) }}
+{{- $_ := set $env "MATCHER_KAFKA_SSL_KEYFILE" (printf "%s/%s" $v.kafka.tls.mountPath $v.kafka.tls.keyKey) }}
+{{- end }}
+{{- end }}
+{{- $_ := set $env "MATCHER_EVENTS_TOPIC" $v.kafka.eventsTopic }}
+{{- $_ := set $env "MATCHER_RESUME_TOPIC" $v.kafka.resumeTopic }}
+{{- if $v.kafka.deadLetterTopic }}
+{{- $_ := set $env "MATCHER_DEAD_LETTER_TOPIC" $v.kafka.deadLetterTopic }}
+{{- end }}
+{{- $_ := set $env "MATCHER_TOPIC_PARTITIONS" (include "matcher.str" $v.kafka.topicPartitions) }}
+{{- if not (kindIs "invalid" $v.kafka.topicReplicationFactor) }}
+{{- $_ := set $env "MATCHER_TOPIC_REPLICATION_FACTOR" (include "matcher.str" $v.kafka.topicReplicationFactor) }}
+{{- end }}
+{{- $_ := set $env "MATCHER_CONSUMER_GROUP" $v.kafka.consumerGroup }}
+{{- $_ := set $env "MATCHER_DB_POOL_MAX_SIZE" (include "matcher.str" $v.database.poolMaxSize) }}
+{{- if include "matcher.producersSecret" . }}
+{{- $_ := set $env "MATCHER_PRODUCERS_FILE" (printf "%s/producers.toml" $v.producers.mountPath) }}
+{{- end }}
+{{- $_ := set $env "MATCHER_ALLOW_UNSIGNED" (toString $v.producers.allowUnsigned) }}
+{{- $_ := set $env "MATCHER_INBOX_RETENTION" (include "matcher.str" $v.inbox.retention) }}
+{{- $_ := set $env "MATCHER_INBOX_PURGE_AFTER" (include "matcher.str" $v.inbox.purgeAfter) }}
+{{- $_ := set $env "MATCHER_SHUTDOWN_TIMEOUT_S" (include "matcher.str" $v.shutdownTimeoutSeconds) }}
+{{- $_ := set $env "MATCHER_ADMIN_ADDRESS" (printf "0.0.0.0:%d" (int $v.admin.port)) }}
+{{- $_ := set $env "MATCHER_LOG_LEVEL" $v.log.level }}
+{{- $_ := set $env "MATCHER_LOG_FORMAT" $v.log.format }}
+{{- $secretNames := list "MATCHER_DATABASE_URL" "MATCHER_KAFKA_SASL_PASSWORD" "MATCHER_ADMIN_TOKEN" }}
+{{- range $name, $value := $v.config }}
+{{- if has $name $secretNames }}
+{{- fail (printf "config.%s: secrets do not belong in the ConfigMap; reference a Secret (see database.url, kafka.sasl.password, admin.token)" $name) }}
+{{- end }}
+{{- if hasKey $env $name }}
+{{- fail (printf "config.%s: the chart sets this variable from its own values; set that value instead of overriding it here" $name) }}
+{{- end }}
+{{- $_ := set $env $name (include "matcher.str" $value) }}
+{{- end }}
+{{- toYaml $env }}
+{{- end }}
+
+{{/*
+Render-time checks of combinations a schema cannot express. Each message names the values
+to change, so a bad configuration fails at `helm install` rather than in a crash loop.
+*/}}
+{{- define "matcher.validate" -}}
+{{- $v := .Values }}
+{{- $_ := include "matcher.databaseSecret" . }}
+{{- $_ := include "matcher.configEnv" . }}
+{{- if include "matcher.saslEnabled" . }}
+{{- if not $v.kafka.sasl.mechanism }}
+{{- fail (printf "kafka.sasl.mechanism is required with kafka.securityProtocol=%s (PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)" $v.kafka.securityProtocol) }}
+{{- end }}
+{{- if not $v.kafka.sasl.username }}
+{{- fail (printf "kafka.sasl.username is required with kafka.securityProtocol=%s" $v.kafka.securityProtocol) }}
+{{- end }}
+{{- if not (include "matcher.saslSecret" .) }}
+{{- fail (printf "kafka.sasl.password.existingSecret is required with kafka.securityProtocol=%s: the name of a Secret holding the SASL password" $v.kafka.securityProtocol) }}
+{{- end }}
+{{- end }}
+{{- if ne (empty $v.kafka.tls.certKey) (empty $v.kafka.tls.keyKey) }}
+{{- fail "kafka.tls.certKey and kafka.tls.keyKey go together: a client certificate needs its key" }}
+{{- end }}
+{{- if and (not (include "matcher.producersSecret" .)) (not $v.producers.allowUnsigned) }}
+{{- fail "producers.existingSecret is required: the name of a Secret holding the producer registry TOML (without it no event can be authenticated; producers.allowUnsigned=true is for local development only)" }}
+{{- end }}
+{{- if eq $v.kafka.eventsTopic $v.kafka.resumeTopic }}
+{{- fail "kafka.eventsTopic and kafka.resumeTopic must be different topics" }}
+{{- end }}
+{{- if has $v.kafka.deadLetterTopic (list $v.kafka.eventsTopic $v.kafka.resumeTopic) }}
+{{- fail "kafka.deadLetterTopic must differ from kafka.eventsTopic and kafka.resumeTopic" }}
+{{- end }}
+{{- if $v.keda.enabled }}
+{{- if gt (int $v.keda.maxReplicaCount) (int $v.kafka.topicPartitions) }}
+{{- fail (printf "keda.maxReplicaCount (%d) must not exceed kafka.topicPartitions (%d): each partition is read by one daemon, so the extra daemons would sit idle" (int $v.keda.maxReplicaCount) (int $v.kafka.topicPartitions)) }}
+{{- end }}
+{{- if gt (int $v.keda.minReplicaCount) (int $v.keda.maxReplicaCount) }}
+{{- fail (printf "keda.minReplicaCount (%d) must not exceed keda.maxReplicaCount (%d)" (int $v.keda.minReplicaCount) (int $v.keda.maxReplicaCount)) }}
+{{- end }}
+{{- end }}
+{{- $_ := include "matcher.terminationGracePeriodSeconds" . }}
+{{- end }}
+
+{{/*
+Secret-backed env vars, shared by the daemon and the migration Job.
+*/}}
+{{- define "matcher.secretEnv" -}}
+{{- $db := splitList " " (include "matcher.databaseSecret" .) -}}
+- name: MATCHER_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ index $db 0 }}
+      key: {{ index $db 1 }}
+{{- if include "matcher.saslEnabled" . }}
+{{- $sasl := splitList " " (include "matcher.saslSecret" .) }}
+- name: MATCHER_KAFKA_SASL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ index $sasl 0 }}
+      key: {{ index $sasl 1 }}
+{{- end }}
+{{- with include "matcher.adminTokenSecret" . }}
+{{- $token := splitList " " . }}
+- name: MATCHER_ADMIN_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ index $token 0 }}
+      key: {{ index $token 1 }}
+{{- end }}
+{{- with .Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Volumes: /tmp (the root filesystem is read-only) and the Secret files. Secrets are mounted
+as directories, not subPath, so that updates to them reach running pods.
+*/}}
+{{- define "matcher.volumes" -}}
+- name: tmp
+  emptyDir:
+    sizeLimit: {{ .Values.tmpSizeLimit }}
+{{- with include "matcher.producersSecret" . }}
+{{- $producers := splitList " " . }}
+- name: producers
+  secret:
+    secretName: {{ index $producers 0 }}
+    defaultMode: 0440
+    items:
+      - key: {{ index $producers 1 }}
+        path: producers.toml
+{{- end }}
+{{- if and (include "matcher.tlsEnabled" .) .Values.kafka.tls.existingSecret }}
+- name: kafka-tls
+  secret:
+    secretName: {{ .Values.kafka.tls.existingSecret }}
+    defaultMode: 0440
+{{- end }}
+{{- with .Values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "matcher.volumeMounts" -}}
+- name: tmp
+  mountPath: /tmp
+{{- if include "matcher.producersSecret" . }}
+- name: producers
+  mountPath: {{ .Values.producers.mountPath }}
+  readOnly: true
+{{- end }}
+{{- if and (include "matcher.tlsEnabled" .) .Values.kafka.tls.existingSecret }}
+- name: kafka-tls
+  mountPath: {{ .Values.kafka.tls.mountPath }}
+  readOnly: true
+{{- end }}
+{{- with .Values.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
