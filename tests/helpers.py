@@ -188,6 +188,16 @@ def db(settings: Settings) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         yield conn
 
 
+def ensure_inbox_days(settings: Settings, days_back: int) -> None:
+    """Create the inbox's day partitions back to ``days_back`` days ago, for tests that
+    backdate events (the daemon only creates today's and the coming days)."""
+    with db(settings) as conn:
+        conn.execute(
+            "SELECT matcher.ensure_inbox_partitions(now() - make_interval(days => %s), now())",
+            [days_back],
+        )
+
+
 def rows(settings: Settings, sql: str, params: Any = None) -> list[dict[str, Any]]:
     with db(settings) as conn:
         return conn.execute(sql.encode(), params).fetchall()  # test-only ad-hoc SQL

@@ -25,6 +25,7 @@ from matcher.auth.check import Policy
 from matcher.auth.registry import Registry
 from matcher.config import Settings
 from matcher.daemon.faults import crash_point
+from matcher.daemon.janitor import ensure_days
 from matcher.daemon.registry_watch import RegistryHolder
 from matcher.domain.events import Rejection
 from matcher.kafka.binding import inspect_record
@@ -269,6 +270,17 @@ class Ingest:
                 log.warning(
                     "batch failed, retrying", extra={"error": repr(exc), "retry_in_s": delay}
                 )
+            except psycopg.errors.CheckViolation as exc:
+                if exc.diag.constraint_name is not None:
+                    return await self._isolate(records, exc)  # a real CHECK refused data
+                # No constraint named: the inbox has no day for now() (every janitor has
+                # been down for days). Not the data's fault: create the days and retry.
+                log.error("the inbox has no partition for today; creating it")
+                try:
+                    async with self._pool.connection() as conn:
+                        await ensure_days(conn)
+                except psycopg.Error as error:
+                    log.warning("creating inbox days failed", extra={"error": repr(error)})
             except _DATA_REFUSED as exc:
                 return await self._isolate(records, exc)
             except psycopg.Error as exc:

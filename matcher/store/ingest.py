@@ -55,11 +55,11 @@ class BatchResult:
 
 
 class ConcurrentInsert(Exception):
-    """Another transaction stored one of our events between our check and our insert.
+    """Fewer rows were stored than decided: another transaction stored one of our events
+    between our check and our insert.
 
-    Only possible when a producer reuses an event id under a different tenant or
-    correlation id (so the key locks did not serialise the two); the batch is retried and
-    the event is then seen as the duplicate it is.
+    The event-key locks make this impossible; it stays as a guard (the batch is retried,
+    and the event is then seen as the duplicate it is) rather than a silent assumption.
     """
 
 
@@ -197,7 +197,7 @@ async def store_batch(
                 "event_id": [e.event_id for e in events],
             }
             async with conn.pipeline():
-                await conn.execute(query("ingest", "lock_keys"), keys)
+                await conn.execute(query("ingest", "lock_keys"), keys | ids)
                 stored_cur = await conn.execute(query("ingest", "stored_events"), ids)
                 waits_cur = await conn.execute(query("ingest", "waits_for_keys"), keys)
             stored = {(row[0], row[1]) for row in await stored_cur.fetchall()}

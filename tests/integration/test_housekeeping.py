@@ -16,7 +16,15 @@ from matcher.domain.events import CompletionEvent
 from matcher.domain.waits import WaitSpec
 from matcher.sdk import cancel_wait, register_wait
 from matcher.store.ingest import IngestRecord
-from tests.helpers import event, read_resumes, rows, running_daemon, scalar, to_record
+from tests.helpers import (
+    ensure_inbox_days,
+    event,
+    read_resumes,
+    rows,
+    running_daemon,
+    scalar,
+    to_record,
+)
 
 
 def _age(settings: Settings, correlation: str, days: float) -> None:
@@ -56,6 +64,7 @@ async def test_retention_expires_then_purges(settings: Settings) -> None:
             ],
         )
         await read_resumes(settings, at_least=1)
+    ensure_inbox_days(settings, 16)
     _age(settings, "old", 8)
     _age(settings, "ancient", 15)
     _age(settings, "consumed-old", 15)
@@ -64,25 +73,22 @@ async def test_retention_expires_then_purges(settings: Settings) -> None:
         settings.database_url.get_secret_value(), min_size=1, open=False
     ) as pool:
         expired, purged = await tidy_once(pool, settings)
-        # "ancient" is expired now and kept a purge window as expired; the consumed
-        # event is past retention + purge window and goes now.
-        assert (expired, purged) == (2, 1)
+        # "old" and "ancient" were pending past retention: expired. The day 15 days ago is
+        # wholly past retention + purge window: dropped, with "ancient" and "consumed-old".
+        assert (expired, purged) == (2, 2)
         statuses = {
             r["correlation_id"]: r["status"]
             for r in rows(settings, "SELECT correlation_id, status FROM matcher.inbox")
         }
-        assert statuses == {"fresh": "pending", "old": "expired", "ancient": "expired"}
+        assert statuses == {"fresh": "pending", "old": "expired"}
         assert await tidy_once(pool, settings) == (0, 0)
-        with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as c:
-            c.execute(
-                "UPDATE matcher.inbox SET status_at = now() - interval '8 days' "
-                "WHERE correlation_id = 'ancient'"
-            )
-        assert await tidy_once(pool, settings) == (0, 1)
-        assert {r["correlation_id"] for r in rows(settings, "SELECT * FROM matcher.inbox")} == {
-            "fresh",
-            "old",
-        }
+        days = scalar(
+            settings,
+            "SELECT count(*) FROM pg_inherits WHERE inhparent = 'matcher.inbox'::regclass"
+            " AND inhrelid::regclass::text = 'matcher.inbox_p' || to_char("
+            "(now() - interval '15 days') AT TIME ZONE 'UTC', 'YYYYMMDD')",
+        )
+        assert days == 0, "the expired day is still attached"
 
     # An expired event no longer resolves a new wait.
     with psycopg.connect(settings.database_url.get_secret_value()) as conn:

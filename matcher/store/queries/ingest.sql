@@ -2,11 +2,16 @@
 -- (Array parameters use binary placeholders: psycopg's C dumpers encode them far
 -- faster than the text form, and every statement here carries a whole batch.)
 -- Every (tenant, correlation id) of the batch, in one fixed order (invariant 2: batches and
--- registrations take the same locks, sorted, so they cannot deadlock each other).
+-- registrations take the same locks, sorted, so they cannot deadlock each other), and
+-- every (producer, event id): the inbox is partitioned and has no unique key across days,
+-- so two batches holding the same event id must not both find it new (invariant 1).
 SELECT pg_advisory_xact_lock(k)
 FROM (
-    SELECT DISTINCT matcher.wait_key(t, c) AS k
+    SELECT matcher.wait_key(t, c) AS k
     FROM unnest(%(tenant)b::text[], %(correlation_id)b::text[]) AS u(t, c)
+    UNION
+    SELECT matcher.event_key(p, e)
+    FROM unnest(%(producer)b::text[], %(event_id)b::text[]) AS u(p, e)
     ORDER BY 1
 ) AS keys;
 
@@ -38,7 +43,7 @@ FROM unnest(
     %(topic)b::text[], %(partition)b::integer[], %(offset)b::bigint[], %(data)b::jsonb[],
     %(status)b::text[], %(consumed_by)b::uuid[], %(late_for)b::uuid[]
 )
-ON CONFLICT (producer, event_id) DO NOTHING
+ON CONFLICT DO NOTHING
 RETURNING producer, event_id;
 
 -- name: resolve_by_events
@@ -47,6 +52,7 @@ WITH resolved AS (
     UPDATE matcher.waits AS w
     SET state = 'matched', resolved_at = now(), resolution = 'event',
         resolved_by_producer = u.producer, resolved_by_event_id = u.event_id,
+        resolved_by_received_at = now(),  -- the batch's inbox rows are stored with now()
         version = w.version + 1
     FROM unnest(%(wait_id)b::uuid[], %(producer)b::text[], %(event_id)b::text[])
         AS u(wait_id, producer, event_id)

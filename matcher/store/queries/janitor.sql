@@ -1,7 +1,7 @@
 -- name: expire_pending
 -- Pending events past the retention stop being candidates for new waits.
 WITH due AS (
-    SELECT producer, event_id FROM matcher.inbox
+    SELECT producer, event_id, received_at FROM matcher.inbox
     WHERE status = 'pending' AND received_at < now() - %(retention)s::interval
     ORDER BY received_at
     LIMIT %(limit)s
@@ -10,21 +10,54 @@ WITH due AS (
 UPDATE matcher.inbox AS i
 SET status = 'expired', status_at = now()
 FROM due
-WHERE i.producer = due.producer AND i.event_id = due.event_id AND i.status = 'pending';
+WHERE i.producer = due.producer AND i.event_id = due.event_id
+  AND i.received_at = due.received_at AND i.status = 'pending';
 
--- name: purge_inbox
--- Past retention + purge window since it was received, and past the purge window since
--- its last change (an expired event stays that long as expired), nothing is kept. This is
--- the window inside which a redelivered event is still recognised as a duplicate.
-WITH doomed AS (
-    SELECT producer, event_id FROM matcher.inbox
-    WHERE received_at < now() - %(keep)s::interval
-      AND status_at < now() - %(purge_after)s::interval
-      AND status <> 'pending'
-    ORDER BY received_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-DELETE FROM matcher.inbox AS i
-USING doomed
-WHERE i.producer = doomed.producer AND i.event_id = doomed.event_id;
+-- name: ensure_partitions
+-- Days are created ahead of need, so an insert never finds its day missing.
+SELECT matcher.ensure_inbox_partitions(now(), now() + %(ahead)s::interval);
+
+-- name: try_maintenance_lock
+-- One janitor at a time detaches and drops days (a session lock: DETACH ... CONCURRENTLY
+-- cannot run inside a transaction).
+SELECT pg_try_advisory_lock(hashtextextended('matcher.inbox purge', 0));
+
+-- name: release_maintenance_lock
+SELECT pg_advisory_unlock(hashtextextended('matcher.inbox purge', 0));
+
+-- name: expired_days
+-- The day partitions wholly past the dedupe window (retention + purge window), oldest
+-- first, with the state of an interrupted detach to finish.
+SELECT c.relname AS name, i.inhdetachpending AS detach_pending,
+       to_date(substr(c.relname, 8), 'YYYYMMDD')::timestamp AT TIME ZONE 'UTC' AS starts,
+       (to_date(substr(c.relname, 8), 'YYYYMMDD') + 1)::timestamp AT TIME ZONE 'UTC' AS ends
+FROM pg_inherits AS i
+JOIN pg_class AS c ON c.oid = i.inhrelid
+WHERE i.inhparent = 'matcher.inbox'::regclass
+  AND c.relname ~ '^inbox_p[0-9]{8}$'
+  AND (to_date(substr(c.relname, 8), 'YYYYMMDD') + 1)::timestamp AT TIME ZONE 'UTC'
+      <= now() - %(keep)s::interval
+ORDER BY c.relname;
+
+-- name: day_still_needed
+-- An unpublished resume still carries an event of this day: keep the day until the relay
+-- has published it (it reads the event when it builds the message).
+SELECT EXISTS (
+    SELECT 1
+    FROM matcher.outbox AS o
+    JOIN matcher.waits AS w ON w.id = o.wait_id
+    WHERE o.published_at IS NULL
+      AND w.resolved_by_received_at >= %(starts)s AND w.resolved_by_received_at < %(ends)s
+);
+
+-- name: count_day
+SELECT count(*) FROM {day};
+
+-- name: detach_day
+ALTER TABLE matcher.inbox DETACH PARTITION {day} CONCURRENTLY;
+
+-- name: finish_detach_day
+ALTER TABLE matcher.inbox DETACH PARTITION {day} FINALIZE;
+
+-- name: drop_day
+DROP TABLE {day};

@@ -11,6 +11,7 @@ FROM matcher.outbox AS o
 JOIN matcher.waits AS w ON w.id = o.wait_id
 LEFT JOIN matcher.inbox AS i
   ON i.producer = w.resolved_by_producer AND i.event_id = w.resolved_by_event_id
+  AND i.received_at = w.resolved_by_received_at  -- one day of the inbox, not all
 WHERE o.published_at IS NULL
 ORDER BY o.id
 LIMIT %(limit)s

@@ -6,7 +6,7 @@ SELECT pg_advisory_xact_lock(matcher.wait_key(%(tenant)s, %(correlation_id)s));
 -- with it at once: the oldest such event, as ingest would have chosen. The caller holds the
 -- key lock, so ingest cannot slip an event in between the look and the insert.
 WITH hit AS (
-    SELECT producer, event_id FROM matcher.inbox
+    SELECT producer, event_id, received_at FROM matcher.inbox
     WHERE status = 'pending' AND tenant = %(tenant)s AND correlation_id = %(correlation_id)s
       AND type = ANY(%(event_types)s::text[])
     ORDER BY received_at, kafka_partition, kafka_offset
@@ -15,21 +15,23 @@ WITH hit AS (
 ), inserted AS (
     INSERT INTO matcher.waits (
         id, tenant, run_id, position, event_types, correlation_id, external_job_id, deadline,
-        state, resolved_at, resolution, resolved_by_producer, resolved_by_event_id
+        state, resolved_at, resolution, resolved_by_producer, resolved_by_event_id,
+        resolved_by_received_at
     )
     SELECT %(id)s, %(tenant)s, %(run_id)s, %(position)s, %(event_types)s::text[],
            %(correlation_id)s, %(external_job_id)s, %(deadline)s,
            CASE WHEN hit.event_id IS NULL THEN 'waiting' ELSE 'matched' END,
            CASE WHEN hit.event_id IS NULL THEN NULL ELSE now() END,
            CASE WHEN hit.event_id IS NULL THEN NULL ELSE 'event' END,
-           hit.producer, hit.event_id
+           hit.producer, hit.event_id, hit.received_at
     FROM (VALUES (1)) AS one LEFT JOIN hit ON true
     RETURNING *
 ), consumed AS (
     UPDATE matcher.inbox AS i
     SET status = 'consumed', consumed_by = inserted.id, status_at = now()
-    FROM inserted
-    WHERE i.producer = inserted.resolved_by_producer AND i.event_id = inserted.resolved_by_event_id
+    FROM inserted, hit
+    WHERE i.producer = hit.producer AND i.event_id = hit.event_id
+      AND i.received_at = hit.received_at  -- one partition, not all
     RETURNING 1
 ), queued AS (
     INSERT INTO matcher.outbox (wait_id, tenant, run_id, outcome)
