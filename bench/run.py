@@ -390,8 +390,7 @@ def _all_published(conn: psycopg.Connection[Any], want: int) -> bool:
 def _first_stored(url: str, topic: str) -> float:
     with psycopg.connect(url) as conn:
         row = conn.execute(
-            "SELECT extract(epoch FROM min(received_at)) FROM matcher.inbox"
-            " WHERE kafka_topic = %s",
+            "SELECT extract(epoch FROM min(received_at)) FROM matcher.inbox WHERE kafka_topic = %s",
             [topic],
         ).fetchone()
     if row is None or row[0] is None:

@@ -1,0 +1,228 @@
+"""The inbox partitioned by day: dedupe holds across days and through a purge under load.
+
+The inbox has no unique key across its days (Postgres cannot have one), so these tests
+attack the promise where it is weakest: the same event id in two concurrent batches under
+different correlation ids, duplicates of events stored days ago, and days being dropped
+while ingest is busy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import timedelta
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
+
+from matcher.config import Settings
+from matcher.daemon.janitor import tidy_once
+from matcher.domain.events import CompletionEvent
+from matcher.domain.waits import WaitSpec
+from matcher.kafka.binding import parse_record
+from matcher.sdk import register_wait
+from matcher.store.ingest import IngestRecord, store_batch
+from tests.helpers import (
+    ensure_inbox_days,
+    env_flag,
+    event,
+    eventually,
+    produce,
+    rows,
+    running_daemon,
+    scalar,
+    to_record,
+)
+from tests.integration.test_crash import _register
+
+
+def _day_of(settings: Settings, days_ago: int) -> str:
+    return str(
+        scalar(
+            settings,
+            "SELECT 'inbox_p' || to_char((now() - make_interval(days => %s)) AT TIME ZONE 'UTC',"
+            " 'YYYYMMDD')",
+            [days_ago],
+        )
+    )
+
+
+def _attached_days(settings: Settings) -> set[str]:
+    return {
+        r["name"]
+        for r in rows(
+            settings,
+            "SELECT c.relname AS name FROM pg_inherits AS i JOIN pg_class AS c"
+            " ON c.oid = i.inhrelid WHERE i.inhparent = 'matcher.inbox'::regclass",
+        )
+    }
+
+
+def _age(settings: Settings, events: list[CompletionEvent], days: int) -> None:
+    """Move stored events ``days`` back in time (into that day's partition)."""
+    with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as conn:
+        conn.execute(
+            "UPDATE matcher.inbox SET received_at = now() - make_interval(days => %s),"
+            " status_at = now() - make_interval(days => %s) WHERE event_id = ANY(%s)",
+            [days, days, [e.id for e in events]],
+        )
+
+
+def _copies(settings: Settings, events: list[CompletionEvent]) -> dict[str, int]:
+    found = rows(
+        settings,
+        "SELECT event_id, count(*) AS n FROM matcher.inbox WHERE event_id = ANY(%s)"
+        " GROUP BY event_id",
+        [[e.id for e in events]],
+    )
+    return {r["event_id"]: r["n"] for r in found}
+
+
+async def test_dedupe_holds_across_days_and_through_a_purge_under_load(
+    settings: Settings,
+) -> None:
+    """Events stored 10 days ago are still duplicates when redelivered; events of a day
+    past the window (16 days) are dropped with their day; meanwhile a live load is matched
+    exactly once while the janitor drops days again and again."""
+    settings = settings.model_copy(
+        update={"inbox_retention": timedelta(days=7), "inbox_purge_after": timedelta(days=7)}
+    )
+    ensure_inbox_days(settings, 17)
+    inside = [event(correlation=f"inside-{n}") for n in range(40)]
+    outside = [event(correlation=f"outside-{n}") for n in range(40)]
+    total = env_flag("MATCHER_TEST_LOAD_EVENTS", 600)
+    correlations = _register(settings, total)
+    load = [event(correlation=c) for c in correlations]
+
+    # The daemon's own janitor keeps everything (the test drops days with its own calls).
+    keep_all = settings.model_copy(update={"inbox_purge_after": timedelta(days=365)})
+    async with running_daemon(keep_all):
+        await produce(settings, inside + outside)
+        await eventually(lambda: len(_copies(settings, inside + outside)) == 80, timeout=60)
+        _age(settings, inside, 10)
+        _age(settings, outside, 16)
+        dropped_day = _day_of(settings, 16)
+        assert dropped_day in _attached_days(settings)
+
+        async def produce_load() -> None:
+            for start in range(0, total, 50):
+                await produce(settings, load[start : start + 50])
+                await asyncio.sleep(0.05)
+
+        async def purge_repeatedly(done: asyncio.Event) -> int:
+            purged = 0
+            async with AsyncConnectionPool(
+                settings.database_url.get_secret_value(), min_size=1, open=False
+            ) as pool:
+                while not done.is_set():
+                    purged += (await tidy_once(pool, settings))[1]
+                    await asyncio.sleep(0.05)
+            return purged
+
+        done = asyncio.Event()
+        purging = asyncio.create_task(purge_repeatedly(done))
+        producing = asyncio.create_task(produce_load())
+        # Redeliveries in the middle of the load and the purge.
+        await produce(settings, inside)
+        await producing
+        await produce(settings, inside + outside)
+        await eventually(
+            lambda: scalar(settings, "SELECT count(*) FROM matcher.outbox") == total, timeout=90
+        )
+        await eventually(lambda: len(_copies(settings, outside)) == 40, timeout=60)
+        done.set()
+        purged = await purging
+
+    assert purged == 40, "the day past the window held the 40 'outside' events"
+    assert dropped_day not in _attached_days(settings)
+    # Inside the window: stored once, in their old day, whatever was redelivered.
+    assert _copies(settings, inside) == {e.id: 1 for e in inside}
+    assert scalar(
+        settings,
+        "SELECT count(*) FROM matcher.inbox WHERE event_id = ANY(%s)"
+        " AND received_at < now() - interval '9 days'",
+        [[e.id for e in inside]],
+    ) == len(inside)
+    # Past the window the promise ends: the redelivered copies are new events (once each).
+    assert _copies(settings, outside) == {e.id: 1 for e in outside}
+    # The live load: every event stored once, every wait resolved once.
+    assert _copies(settings, load) == {e.id: 1 for e in load}
+    assert scalar(settings, "SELECT count(*) FROM matcher.waits WHERE state = 'matched'") == total
+    assert (
+        scalar(settings, "SELECT count(*) FROM matcher.inbox GROUP BY producer, event_id"
+               " ORDER BY 1 DESC LIMIT 1") == 1
+    )  # fmt: skip
+
+
+def _record(e: CompletionEvent, offset: int) -> IngestRecord:
+    key, headers, value = to_record(e)
+    return IngestRecord("t", 0, offset, key, value, headers, parse_record(headers, key, value))
+
+
+async def test_one_event_id_in_concurrent_batches_is_stored_once(settings: Settings) -> None:
+    """A producer reusing an event id under another correlation id: the two batches lock
+    different wait keys, and only the event-key lock stops both finding the id new."""
+    url = settings.database_url.get_secret_value()
+    rounds = env_flag("MATCHER_TEST_RACE_ROUNDS", 20) * 2
+    ids = [f"reused-{uuid.uuid4().hex[:8]}" for _ in range(rounds)]
+
+    async def deliver(correlation_prefix: str, offset: int) -> None:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            for n, event_id in enumerate(ids):
+                batch = [
+                    _record(event(correlation=f"{correlation_prefix}-{n}-{k}"), offset + 10 * n + k)
+                    for k in range(3)
+                ]
+                batch.append(
+                    _record(
+                        event(correlation=f"{correlation_prefix}-{n}", event_id=event_id),
+                        offset + 10 * n + 9,
+                    )
+                )
+                await store_batch(conn, batch)
+
+    await asyncio.gather(deliver("a", 0), deliver("b", 100_000), deliver("c", 200_000))
+    copies = rows(
+        settings,
+        "SELECT event_id, count(*) AS n FROM matcher.inbox WHERE event_id = ANY(%s)"
+        " GROUP BY event_id",
+        [ids],
+    )
+    assert {r["event_id"]: r["n"] for r in copies} == dict.fromkeys(ids, 1)
+
+
+async def test_ingest_creates_a_missing_day_instead_of_refusing_events(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """If every janitor was down for days, today's partition may not exist: ingest must
+    create it and store the events, not quarantine them as refused data."""
+    with psycopg.connect(settings.database_url.get_secret_value()) as conn:
+        register_wait(
+            conn,
+            WaitSpec(
+                tenant="acme",
+                run_id="run-missing-day",
+                position=0,
+                event_types=["job.completed"],
+                correlation_id="missing-day",
+            ),
+        )
+    slow_janitor = settings.model_copy(update={"janitor_interval_s": 3600.0})
+    async with running_daemon(slow_janitor):
+        # The janitor's first pass (at start) has run; drop every day after it.
+        await eventually(lambda: _day_of(settings, 0) in _attached_days(settings), timeout=30)
+        await asyncio.sleep(1)
+        with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as c:
+            for name in _attached_days(settings):
+                c.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier("matcher", name)))
+        assert _attached_days(settings) == set()
+        await produce(settings, [event(correlation="missing-day"), event()])
+        await eventually(
+            lambda: scalar(settings, "SELECT count(*) FROM matcher.inbox") == 2, timeout=60
+        )
+    assert scalar(settings, "SELECT count(*) FROM matcher.quarantine") == 0
+    assert scalar(settings, "SELECT state FROM matcher.waits") == "matched"
+    assert _day_of(settings, 0) in _attached_days(settings)
+    assert "the inbox has no partition for today" in caplog.text  # ingest did it
