@@ -8,6 +8,7 @@ covers is committed to Postgres. A crash anywhere re-reads the batch, and the in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -131,16 +132,30 @@ class Ingest:
             )
             await self._dead_letters.start()
         await consumer.start()
+        # One batch is parsed (CPU, here) while the one before is in Postgres (I/O, in a
+        # task): batches are still stored and their offsets committed strictly in order.
+        in_flight: asyncio.Task[None] | None = None
         try:
             while not self._stop.is_set():
                 batch = await consumer.getmany(
                     timeout_ms=s.ingest_poll_timeout_ms, max_records=s.ingest_batch_max
                 )
+                records = to_ingest_records(batch, self._registry.current, self._policy)
+                if in_flight is not None:
+                    await in_flight
+                    in_flight = None
                 if batch:
-                    async with self._batch_lock:
-                        await self._handle(consumer, batch)
+                    # Taken before the task starts, so a revocation waits for this batch.
+                    await self._batch_lock.acquire()
+                    in_flight = asyncio.create_task(self._handle_locked(consumer, batch, records))
                 await self._measure_lag(consumer)
+            if in_flight is not None:
+                await in_flight
         finally:
+            if in_flight is not None and not in_flight.done():
+                in_flight.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await in_flight
             # Leaves the group at once, so the partitions move without a session timeout.
             await consumer.stop()
             metrics.ASSIGNED_PARTITIONS.set(0)
@@ -149,10 +164,23 @@ class Ingest:
                 await self._dead_letters.stop()
             log.info("ingest stopped")
 
-    async def _handle(
-        self, consumer: AIOKafkaConsumer, batch: dict[TopicPartition, list[Any]]
+    async def _handle_locked(
+        self,
+        consumer: AIOKafkaConsumer,
+        batch: dict[TopicPartition, list[Any]],
+        records: list[IngestRecord],
     ) -> None:
-        records = to_ingest_records(batch, self._registry.current, self._policy)
+        try:
+            await self._handle(consumer, batch, records)
+        finally:
+            self._batch_lock.release()
+
+    async def _handle(
+        self,
+        consumer: AIOKafkaConsumer,
+        batch: dict[TopicPartition, list[Any]],
+        records: list[IngestRecord],
+    ) -> None:
         metrics.BATCH_SIZE.observe(len(records))
         with metrics.BATCH_SECONDS.time():
             result = await self._store(records)

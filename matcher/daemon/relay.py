@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
+from aiokafka.partitioner import DefaultPartitioner
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -64,14 +65,49 @@ def resume_from_row(row: dict[str, Any]) -> ResumeData:
 
 def _observe(rows: list[dict[str, Any]]) -> None:
     now = datetime.now(UTC)
+    published: dict[str, int] = {}
     for row in rows:
         outcome = row["outcome"]
-        metrics.RESUMES_PUBLISHED.labels(outcome).inc()
+        published[outcome] = published.get(outcome, 0) + 1
         metrics.WAIT_DURATION.labels(outcome).observe(
             (row["resolved_at"] - row["created_at"]).total_seconds()
         )
         if row["received_at"] is not None:
             metrics.EVENT_TO_RESUME.observe(max(0.0, (now - row["received_at"]).total_seconds()))
+    for outcome, count in published.items():
+        metrics.RESUMES_PUBLISHED.labels(outcome).inc(count)
+
+
+_HEADERS = [("content-type", b"application/cloudevents+json")]
+_PARTITIONER = DefaultPartitioner()  # Kafka's Java default: murmur2 of the key
+
+
+async def _send_in_batches(
+    producer: AIOKafkaProducer, topic: str, rows: list[dict[str, Any]]
+) -> list[asyncio.Future[Any]]:
+    """Hand the resumes to Kafka a batch per partition rather than a message at a time:
+    per-message ``send`` was a sixth of the daemon's CPU. Keyed by run id, partitioned as
+    ``send`` would, in outbox order, so one run's resumes keep their order."""
+    partitions = sorted(await producer.partitions_for(topic))
+    batches: dict[int, Any] = {}
+    futures: list[asyncio.Future[Any]] = []
+    for row in rows:
+        resume = resume_from_row(row)
+        key = resume.run_id.encode()
+        value = resume_message(resume)
+        partition = int(_PARTITIONER(key, partitions, partitions))
+        batch = batches.get(partition)
+        if batch is None:
+            batch = batches[partition] = producer.create_batch()
+        if batch.append(key=key, value=value, timestamp=None, headers=_HEADERS) is None:
+            # Full: send it, start the next one for this partition.
+            futures.append(await producer.send_batch(batch, topic, partition=partition))
+            batch = batches[partition] = producer.create_batch()
+            if batch.append(key=key, value=value, timestamp=None, headers=_HEADERS) is None:
+                raise ValueError(f"a resume of {len(value)} bytes exceeds the batch size")
+    for partition, batch in batches.items():
+        futures.append(await producer.send_batch(batch, topic, partition=partition))
+    return futures
 
 
 class Relay:
@@ -95,6 +131,8 @@ class Relay:
                     enable_idempotence=True,
                     acks="all",
                     linger_ms=self._settings.relay_linger_ms,
+                    # Room for a whole relay batch of one partition in one request.
+                    max_batch_size=512 * 1024,
                 )
                 try:
                     await producer.start()
@@ -162,19 +200,7 @@ class Relay:
             if not rows:
                 return 0
             crash_point("relay.before_publish")
-            futures = []
-            for row in rows:
-                resume = resume_from_row(row)
-                value = resume_message(resume)
-                futures.append(
-                    await producer.send(
-                        topic,
-                        value,
-                        key=resume.run_id.encode(),
-                        headers=[("content-type", b"application/cloudevents+json")],
-                    )
-                )
-            await asyncio.gather(*futures)
+            await asyncio.gather(*await _send_in_batches(producer, topic, rows))
             crash_point("relay.after_publish")
             await cur.execute(query("relay", "mark_published"), {"ids": [r["id"] for r in rows]})
         self.published += len(rows)
