@@ -12,6 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 THROUGHPUT = ["r_kafka", "r_pg", "r_pipe", "r_naive", "r_matcher", "r_dbos"]
+SCALE_OUT = ["r_matcher", "r_matcher_2_daemons", "r_matcher_3_daemons"]
 
 
 def _markdown(results: dict[str, Any]) -> str:
@@ -20,6 +21,7 @@ def _markdown(results: dict[str, Any]) -> str:
         "| figure | value |",
         "|---|---|",
         *(f"| {name} | {f[name]:,.0f} events/s |" for name in THROUGHPUT),
+        *(f"| {name} | {f[name]:,.0f} events/s |" for name in SCALE_OUT[1:] if name in f),
     ]
     for key in sorted(k for k in f if k.startswith("latency_") and isinstance(f[k], float)):
         lines.append(f"| {key} | {f[key]:.1f} ms |")
@@ -37,7 +39,13 @@ def _markdown(results: dict[str, Any]) -> str:
 def _plot(results: dict[str, Any], path: Path) -> None:
     f = results["figures"]
     fig, (bars, cdf, scale) = plt.subplots(1, 3, figsize=(16, 4.8))
-    bars.bar(THROUGHPUT, [f[n] for n in THROUGHPUT], color=["#888"] * 4 + ["#2a7"] + ["#c55"])
+    names = THROUGHPUT + [n for n in SCALE_OUT[1:] if n in f]
+    colours = ["#888"] * 4 + ["#2a7"] + ["#c55"] + ["#6b9"] * (len(names) - len(THROUGHPUT))
+    bars.bar(
+        [n.replace("r_matcher_", "matcher x").replace("_daemons", "") for n in names],
+        [f[n] for n in names],
+        color=colours,
+    )
     bars.set_ylabel("events/s (median)")
     bars.set_title("throughput")
     bars.tick_params(axis="x", rotation=30)

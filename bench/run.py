@@ -399,26 +399,30 @@ def _first_stored(url: str, topic: str) -> float:
 
 
 async def r_matcher(
-    env: Env, topic: str, events: list[Any], preload_rows: int = 0
+    env: Env, topic: str, events: list[Any], preload_rows: int = 0, daemons: int = 1
 ) -> tuple[float, int]:
-    """The daemon end to end: (events/s until every resume is published, peak RSS bytes)."""
+    """The daemon end to end: (events/s until every resume is published, peak RSS bytes of
+    the largest daemon). ``daemons`` processes share the work as one consumer group."""
     url = env.fresh_db()
     preload(url, preload_rows)
     register_waits(url, [c for c, *_ in events])
-    daemon = Daemon(_daemon_env(env, url, topic, await env.topic("resumes")))
+    environment = _daemon_env(env, url, topic, await env.topic("resumes"))
+    running = [Daemon(environment) for _ in range(daemons)]
     try:
         with psycopg.connect(url, autocommit=True) as conn:
             while not _all_published(conn, len(events)):
-                if daemon.process.poll() is not None:
-                    raise RuntimeError(
-                        "daemon died: "
-                        + (daemon.process.stderr.read() if daemon.process.stderr else "")
-                    )
+                for daemon in running:
+                    if daemon.process.poll() is not None:
+                        raise RuntimeError(
+                            "daemon died: "
+                            + (daemon.process.stderr.read() if daemon.process.stderr else "")
+                        )
                 await asyncio.sleep(0.02)
         finished = time.time()
-        rss = daemon.peak_rss()
+        rss = max(daemon.peak_rss() for daemon in running)
     finally:
-        daemon.stop()
+        for daemon in running:
+            daemon.stop()
     # Timed like r_kafka and r_pipe: from the first batch consumed (the first inbox row's
     # transaction), not from process start, so the group join is excluded for all of them.
     return len(events) / (finished - _first_stored(url, topic)), rss
@@ -537,6 +541,10 @@ async def run(plan: Plan, out_dir: Path) -> Path:
                 runs.setdefault("r_matcher", []).append(rate)
                 runs.setdefault("rss_bytes", []).append(float(rss))
                 runs.setdefault("r_dbos", []).append(r_dbos(env, plan.dbos_n))
+                for daemons in (2, 3):
+                    rate, rss = await r_matcher(env, topic, events, daemons=daemons)
+                    runs.setdefault(f"r_matcher_{daemons}_daemons", []).append(rate)
+                    runs["rss_bytes"].append(float(rss))
                 step(f"throughput, repetition {len(runs['r_kafka'])} of {plan.reps}")
             for rate in plan.rates:
                 found = [await latency(env, rate, plan.latency_s) for _ in range(plan.reps)]
@@ -571,6 +579,8 @@ async def run(plan: Plan, out_dir: Path) -> Path:
         "matcher_over_min_kafka_pg": m / min(figures["r_kafka"], figures["r_pg"]),
         "matcher_over_naive": m / figures["r_naive"],
         "matcher_over_dbos": m / figures["r_dbos"],
+        "matcher_2_daemons_over_1": figures["r_matcher_2_daemons"] / m,
+        "matcher_3_daemons_over_1": figures["r_matcher_3_daemons"] / m,
     }
     biggest = max(plan.scale)
     results.ratios[f"scale_{biggest}_over_0"] = (
