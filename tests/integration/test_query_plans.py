@@ -106,6 +106,7 @@ HOT = [
     ),
     ("explain", "events_by_correlation", {"correlation_id": "c-1"}),
     ("explain", "waits_of_run", {"run_id": "run-1", "tenant": None}),
+    ("stats", "gauges", {}),
 ]
 BIG_TABLES = {"waits", "inbox", "outbox"}
 

@@ -1,0 +1,38 @@
+"""The benchmark harness itself runs (tiny sizes): a schema or SQL change that breaks one
+of its measurements is caught here, not twenty minutes into `make bench`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import Services
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bench_smoke_produces_every_figure(services: Services, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MATCHER_")}
+    env.update(
+        MATCHER_KAFKA_BOOTSTRAP_SERVERS=services.kafka_bootstrap_servers,
+        MATCHER_DATABASE_URL=services.database_url,
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--smoke", "--out", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    path = Path(done.stdout.strip().splitlines()[-1])
+    results = json.loads(path.read_text())
+    figures = results["figures"]
+    for name in (
+        "r_kafka", "r_pg", "r_pipe", "r_naive", "r_matcher", "r_dbos",
+        "r_matcher_2_daemons", "r_matcher_3_daemons", "rss_peak_bytes",
+    ):  # fmt: skip
+        assert figures[name] > 0, name
+    assert results["ratios"]["matcher_over_pipe"] > 0
+    assert (tmp_path / "results.md").read_text().startswith("| figure |")
+    assert (tmp_path / "results.png").stat().st_size > 10_000
