@@ -28,7 +28,9 @@ from matcher.config import Settings
 from matcher.daemon import app as daemon_app
 from matcher.domain.events import CompletionEvent
 from matcher.domain.resume import ResumeData
+from matcher.kafka.binding import parse_record
 from matcher.sdk import parse_resume
+from matcher.store.ingest import IngestRecord
 
 
 def to_record(
@@ -186,6 +188,12 @@ def db(settings: Settings) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         settings.database_url.get_secret_value(), autocommit=True, row_factory=dict_row
     ) as conn:
         yield conn
+
+
+def ingest_record(e: CompletionEvent, offset: int, topic: str = "t") -> IngestRecord:
+    """``e`` as ingest sees it after parsing: for tests that call ``store_batch`` directly."""
+    key, headers, value = to_record(e)
+    return IngestRecord(topic, 0, offset, key, value, headers, parse_record(headers, key, value))
 
 
 def ensure_inbox_days(settings: Settings, days_back: int) -> None:

@@ -11,18 +11,17 @@ import psycopg
 
 from matcher.config import Settings
 from matcher.domain.waits import WaitSpec
-from matcher.kafka.binding import parse_record
 from matcher.sdk import register_wait, register_wait_async
 from matcher.store.ingest import IngestRecord, store_batch
 from tests.helpers import (
     env_flag,
     event,
     eventually,
+    ingest_record,
     produce,
     read_resumes,
     rows,
     running_daemon,
-    to_record,
 )
 
 
@@ -94,13 +93,7 @@ async def test_thousand_register_deliver_pairs_end_to_end(settings: Settings) ->
 
 
 def _records(correlations: list[str], offset: int) -> list[IngestRecord]:
-    records = []
-    for n, correlation in enumerate(correlations):
-        key, headers, value = to_record(event(correlation=correlation))
-        records.append(
-            IngestRecord("t", 0, offset + n, key, value, headers, parse_record(headers, key, value))
-        )
-    return records
+    return [ingest_record(event(correlation=c), offset + n) for n, c in enumerate(correlations)]
 
 
 async def test_store_level_race_many_rounds(settings: Settings) -> None:

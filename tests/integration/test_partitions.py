@@ -21,19 +21,18 @@ from matcher.config import Settings
 from matcher.daemon.janitor import tidy_once
 from matcher.domain.events import CompletionEvent
 from matcher.domain.waits import WaitSpec
-from matcher.kafka.binding import parse_record
 from matcher.sdk import register_wait
-from matcher.store.ingest import IngestRecord, store_batch
+from matcher.store.ingest import store_batch
 from tests.helpers import (
     ensure_inbox_days,
     env_flag,
     event,
     eventually,
+    ingest_record,
     produce,
     rows,
     running_daemon,
     scalar,
-    to_record,
 )
 from tests.integration.test_crash import _register
 
@@ -156,11 +155,6 @@ async def test_dedupe_holds_across_days_and_through_a_purge_under_load(
     )  # fmt: skip
 
 
-def _record(e: CompletionEvent, offset: int) -> IngestRecord:
-    key, headers, value = to_record(e)
-    return IngestRecord("t", 0, offset, key, value, headers, parse_record(headers, key, value))
-
-
 async def test_one_event_id_in_concurrent_batches_is_stored_once(settings: Settings) -> None:
     """A producer reusing an event id under another correlation id: the two batches lock
     different wait keys, and only the event-key lock stops both finding the id new."""
@@ -172,11 +166,13 @@ async def test_one_event_id_in_concurrent_batches_is_stored_once(settings: Setti
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
             for n, event_id in enumerate(ids):
                 batch = [
-                    _record(event(correlation=f"{correlation_prefix}-{n}-{k}"), offset + 10 * n + k)
+                    ingest_record(
+                        event(correlation=f"{correlation_prefix}-{n}-{k}"), offset + 10 * n + k
+                    )
                     for k in range(3)
                 ]
                 batch.append(
-                    _record(
+                    ingest_record(
                         event(correlation=f"{correlation_prefix}-{n}", event_id=event_id),
                         offset + 10 * n + 9,
                     )
