@@ -16,8 +16,7 @@ from typing import Any
 
 import psycopg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError, KafkaError
-from aiokafka.structs import OffsetAndMetadata
+from aiokafka.errors import KafkaError
 from psycopg_pool import AsyncConnectionPool
 
 from matcher.admin import metrics
@@ -30,6 +29,7 @@ from matcher.daemon.janitor import ensure_days
 from matcher.daemon.registry_watch import RegistryHolder
 from matcher.domain.events import Rejection
 from matcher.kafka.binding import inspect_record
+from matcher.kafka.commits import OffsetCommitter
 from matcher.store.ingest import BatchResult, ConcurrentInsert, IngestRecord, store_batch
 
 log = logging.getLogger("matcher.ingest")
@@ -47,7 +47,8 @@ _DATA_REFUSED = (psycopg.DataError, psycopg.IntegrityError)
 
 
 class _Revocations(ConsumerRebalanceListener):  # type: ignore[misc]
-    """Before partitions go to another member, let the batch in flight finish and commit."""
+    """Before partitions go to another member, let the batch in flight finish and its
+    offsets be committed."""
 
     def __init__(self, batch_lock: asyncio.Lock, ingest: Ingest) -> None:
         self._batch_lock = batch_lock
@@ -55,6 +56,8 @@ class _Revocations(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_revoked(self, revoked: Sequence[TopicPartition]) -> None:
         async with self._batch_lock:
+            if self._ingest.committer is not None:
+                await self._ingest.committer.flush()
             log.info("partitions revoked", extra={"partitions": _names(revoked)})
 
     async def on_partitions_assigned(self, assigned: Sequence[TopicPartition]) -> None:
@@ -103,13 +106,13 @@ class Ingest:
         self._registry = registry or RegistryHolder(settings)
         self._policy = settings.policy()
         self._dead_letters: AIOKafkaProducer | None = None
-        self._committed: dict[TopicPartition, int] = {}
         self.joined = False
         self._pool = pool
         self._stop = stop
         self._on_resolved = on_resolved
         self._batch_lock = asyncio.Lock()
         self.consumer: AIOKafkaConsumer | None = None
+        self.committer: OffsetCommitter | None = None
 
     async def run(self) -> None:
         s = self._settings
@@ -126,6 +129,7 @@ class Ingest:
         )
         consumer.subscribe([s.events_topic], listener=_Revocations(self._batch_lock, self))
         self.consumer = consumer
+        self.committer = committer = OffsetCommitter(consumer)
         if s.dead_letter_topic is not None:
             self._dead_letters = AIOKafkaProducer(
                 **s.kafka_client_options(), enable_idempotence=True, acks="all"
@@ -147,10 +151,11 @@ class Ingest:
                 if batch:
                     # Taken before the task starts, so a revocation waits for this batch.
                     await self._batch_lock.acquire()
-                    in_flight = asyncio.create_task(self._handle_locked(consumer, batch, records))
-                await self._measure_lag(consumer)
+                    in_flight = asyncio.create_task(self._handle_locked(committer, batch, records))
+                await self._measure_lag(consumer, committer)
             if in_flight is not None:
                 await in_flight
+            await committer.flush()
         finally:
             if in_flight is not None and not in_flight.done():
                 in_flight.cancel()
@@ -166,18 +171,18 @@ class Ingest:
 
     async def _handle_locked(
         self,
-        consumer: AIOKafkaConsumer,
+        committer: OffsetCommitter,
         batch: dict[TopicPartition, list[Any]],
         records: list[IngestRecord],
     ) -> None:
         try:
-            await self._handle(consumer, batch, records)
+            await self._handle(committer, batch, records)
         finally:
             self._batch_lock.release()
 
     async def _handle(
         self,
-        consumer: AIOKafkaConsumer,
+        committer: OffsetCommitter,
         batch: dict[TopicPartition, list[Any]],
         records: list[IngestRecord],
     ) -> None:
@@ -189,27 +194,10 @@ class Ingest:
             self._on_resolved()
         self._count(records, result)
         await self._copy_to_dead_letters(records)
-        assigned = consumer.assignment()
-        offsets = {
-            tp: OffsetAndMetadata(messages[-1].offset + 1, "")
-            for tp, messages in batch.items()
-            if tp in assigned and messages
-        }
-        if not offsets:
-            return
-        try:
-            await consumer.commit(offsets)
-            self._committed.update({tp: meta.offset for tp, meta in offsets.items()})
-        except CommitFailedError as exc:
-            # The group moved on (rebalance or eviction): the new owner re-reads these
-            # records and the inbox key recognises them.
-            log.warning(
-                "offset commit refused; the batch will be redelivered", extra={"error": str(exc)}
-            )
-        except KafkaError as exc:
-            log.warning(
-                "offset commit failed; the batch will be redelivered", extra={"error": repr(exc)}
-            )
+        # Committed in the background, in order: the next batch need not wait for it.
+        committer.submit(
+            {tp: messages[-1].offset + 1 for tp, messages in batch.items() if messages}
+        )
 
     def assigned_partitions(self) -> int | None:
         """Partitions held now; None until the consumer has joined its group."""
@@ -228,12 +216,12 @@ class Ingest:
             return False
         return True
 
-    async def _measure_lag(self, consumer: AIOKafkaConsumer) -> None:
+    async def _measure_lag(self, consumer: AIOKafkaConsumer, committer: OffsetCommitter) -> None:
         for tp in consumer.assignment():
             end = consumer.highwater(tp)
             if end is None:
                 continue  # nothing fetched yet from this partition
-            done = self._committed.get(tp)
+            done = committer.committed.get(tp)
             if done is None:
                 done = await consumer.position(tp)
             metrics.CONSUMER_LAG.labels(str(tp.partition)).set(max(0, end - done))

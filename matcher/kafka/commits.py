@@ -1,0 +1,83 @@
+"""Offset commits off the ingest loop's critical path.
+
+An offset commit is a round trip to the group coordinator, and Kafka 4's coordinator
+lingers up to 5 ms (``group.coordinator.append.linger.ms``) to batch its writes. Awaited
+after every batch it was the larger half of the ingest loop's cycle at moderate rates, so
+every event waited for the commit of the batch before its own.
+
+Here a batch hands its offsets over once Postgres has committed it (invariant 1 is about
+that order, and it is kept) and the next batch goes to Postgres at once. One task commits
+in the background, one request at a time, always the newest offsets submitted so far:
+commits are never reordered (a late, older commit would move a partition back), and a
+burst of batches costs one commit, not one each. A crash loses at most the offsets not yet
+committed; their records are read again and the inbox key makes them duplicates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import CommitFailedError, KafkaError
+from aiokafka.structs import OffsetAndMetadata
+
+log = logging.getLogger("matcher.ingest")
+
+
+class OffsetCommitter:
+    def __init__(self, consumer: AIOKafkaConsumer) -> None:
+        self._consumer = consumer
+        self._pending: dict[TopicPartition, int] = {}
+        self._task: asyncio.Task[None] | None = None
+        # The newest offset Kafka acknowledged per partition (for the lag gauge).
+        self.committed: dict[TopicPartition, int] = {}
+
+    def submit(self, offsets: dict[TopicPartition, int]) -> None:
+        """Offsets (next offset to read) of records now stored in Postgres."""
+        for tp, offset in offsets.items():
+            if offset > self._pending.get(tp, -1):
+                self._pending[tp] = offset
+        if self._pending and (self._task is None or self._task.done()):
+            self._task = asyncio.create_task(self._drain(), name="offset-commits")
+
+    async def flush(self) -> None:
+        """Return once everything submitted so far was committed, refused, or failed
+        once more: before partitions are revoked, and before the consumer leaves."""
+        if self._pending and (self._task is None or self._task.done()):
+            self._task = asyncio.create_task(self._drain(), name="offset-commits")
+        while self._task is not None and not self._task.done():
+            await asyncio.shield(self._task)
+
+    async def _drain(self) -> None:
+        while self._pending:
+            assigned = self._consumer.assignment()
+            offsets = {
+                tp: OffsetAndMetadata(offset, "")
+                for tp, offset in self._pending.items()
+                if tp in assigned
+            }
+            self._pending = {}
+            if not offsets:
+                continue
+            try:
+                await self._consumer.commit(offsets)
+            except CommitFailedError as exc:
+                # The group moved on (rebalance or eviction): the new owner re-reads
+                # these records and the inbox key recognises them.
+                log.warning(
+                    "offset commit refused; the records will be redelivered",
+                    extra={"error": str(exc)},
+                )
+            except KafkaError as exc:
+                # Kept for the next attempt (the next batch's, or the flush), unless a
+                # newer offset for the partition arrived meanwhile.
+                for tp, meta in offsets.items():
+                    self._pending.setdefault(tp, meta.offset)
+                log.warning(
+                    "offset commit failed; will retry with the next batch",
+                    extra={"error": repr(exc)},
+                )
+                return
+            else:
+                self.committed.update({tp: meta.offset for tp, meta in offsets.items()})
