@@ -95,8 +95,10 @@ class Settings(BaseSettings):
     kafka_heartbeat_interval_ms: int = Field(default=3_000, ge=100)
 
     # Relay: resumes per batch, producer linger, and the safety-net poll behind NOTIFY.
+    # The relay hands Kafka whole per-partition batches, so lingering batches nothing more;
+    # it only adds its milliseconds to every resume.
     relay_batch_max: int = Field(default=500, ge=1, le=100_000)
-    relay_linger_ms: int = Field(default=2, ge=0)
+    relay_linger_ms: int = Field(default=0, ge=0)
     relay_poll_interval_s: float = Field(default=1.0, gt=0)
 
     # Deadline sweeper.

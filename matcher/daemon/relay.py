@@ -188,14 +188,18 @@ class Relay:
 
     async def publish_batch(self, producer: AIOKafkaProducer) -> int:
         topic = self._settings.resume_topic
+        # In a pipeline, BEGIN travels with the claim and COMMIT with the mark: two round
+        # trips to Postgres per batch instead of four.
         async with (
             self._pool.connection() as conn,
+            conn.pipeline() as pipeline,
             conn.transaction(),
             conn.cursor(row_factory=dict_row) as cur,
         ):
             await cur.execute(
                 query("relay", "claim_unpublished"), {"limit": self._settings.relay_batch_max}
             )
+            await pipeline.sync()
             rows = await cur.fetchall()
             if not rows:
                 return 0

@@ -186,7 +186,9 @@ async def store_batch(
     events = _new_events(records)
     rejected = [r for r in records if isinstance(r.parsed, Rejection)]
     result = BatchResult(quarantined=len(rejected))
-    async with conn.transaction():
+    # One pipeline for the whole transaction: BEGIN travels with the reads and COMMIT with
+    # the writes, so a batch costs two round trips to Postgres.
+    async with conn.pipeline() as pipeline, conn.transaction():
         if events:
             keys = {
                 "tenant": [e.tenant for e in events],
@@ -196,35 +198,35 @@ async def store_batch(
                 "producer": [e.producer for e in events],
                 "event_id": [e.event_id for e in events],
             }
-            async with conn.pipeline():
-                await conn.execute(query("ingest", "lock_keys"), keys | ids)
-                stored_cur = await conn.execute(query("ingest", "stored_events"), ids)
-                waits_cur = await conn.execute(query("ingest", "waits_for_keys"), keys)
+            await conn.execute(query("ingest", "lock_keys"), keys | ids)
+            stored_cur = await conn.execute(query("ingest", "stored_events"), ids)
+            waits_cur = await conn.execute(query("ingest", "waits_for_keys"), keys)
+            await pipeline.sync()
             stored = {(row[0], row[1]) for row in await stored_cur.fetchall()}
             waits = _wait_views(await waits_cur.fetchall())
             decision = decide_batch(events, stored, waits)
             result.duplicates = len(decision.duplicates)
             resolutions = decision.resolutions
 
-            async with conn.pipeline():
-                insert_cur = None
-                if decision.placements:
-                    insert_cur = await conn.execute(
-                        query("ingest", "insert_inbox"), _inbox_params(decision)
-                    )
-                resolve_cur = None
-                if resolutions:
-                    resolve_cur = await conn.execute(
-                        query("ingest", "resolve_by_events"),
-                        {
-                            "wait_id": [p.wait_id for p in resolutions],
-                            "producer": [p.event.producer for p in resolutions],
-                            "event_id": [p.event.event_id for p in resolutions],
-                        },
-                    )
-                    await conn.execute(query("ingest", "notify_outbox"))
-                if rejected:
-                    await conn.execute(query("ingest", "quarantine"), _quarantine_params(rejected))
+            insert_cur = None
+            if decision.placements:
+                insert_cur = await conn.execute(
+                    query("ingest", "insert_inbox"), _inbox_params(decision)
+                )
+            resolve_cur = None
+            if resolutions:
+                resolve_cur = await conn.execute(
+                    query("ingest", "resolve_by_events"),
+                    {
+                        "wait_id": [p.wait_id for p in resolutions],
+                        "producer": [p.event.producer for p in resolutions],
+                        "event_id": [p.event.event_id for p in resolutions],
+                    },
+                )
+                await conn.execute(query("ingest", "notify_outbox"))
+            if rejected:
+                await conn.execute(query("ingest", "quarantine"), _quarantine_params(rejected))
+            await pipeline.sync()
             inserted = len(await insert_cur.fetchall()) if insert_cur is not None else 0
             if inserted != len(decision.placements):
                 raise ConcurrentInsert(f"expected {len(decision.placements)}, stored {inserted}")
