@@ -38,7 +38,7 @@ from rich.progress import Progress
 
 from matcher.domain.events import CompletionEvent as CloudEventIn
 from matcher.kafka.binding import parse_record
-from matcher.kafka.topics import ensure_topics
+from matcher.kafka.topics import delete_topics, ensure_topics
 from matcher.store.migrate import migrate
 
 console = Console(stderr=True)
@@ -84,6 +84,7 @@ class Env:
         self.admin_url = os.environ["MATCHER_DATABASE_URL"]
         self.template = f"bench_tpl_{uuid.uuid4().hex[:8]}"
         self.databases: list[str] = []
+        self.topics: list[str] = []
         self.workdir = Path(tempfile.mkdtemp(prefix="matcher-bench-"))
         self.producers_file = self.workdir / "producers.toml"
         self.producers_file.write_text(
@@ -112,7 +113,8 @@ class Env:
         self.databases.append(name)
         return self.url(name)
 
-    def cleanup(self) -> None:
+    async def cleanup(self) -> None:
+        await delete_topics({"bootstrap_servers": self.kafka}, self.topics)
         for name in [*self.databases, self.template]:
             self.admin(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
@@ -121,6 +123,7 @@ class Env:
     async def topic(self, kind: str) -> str:
         name = f"bench.{uuid.uuid4().hex[:8]}.{kind}"
         await ensure_topics({"bootstrap_servers": self.kafka}, [name], partitions=PARTITIONS)
+        self.topics.append(name)
         return name
 
 
@@ -576,7 +579,7 @@ async def run(plan: Plan, out_dir: Path) -> Path:
                 runs.setdefault(f"scale_{rows}_p99_ms", []).extend(f["p99_ms"] for f in found)
                 step(f"scale {rows:,}: latency")
     finally:
-        env.cleanup()
+        await env.cleanup()
 
     figures: dict[str, Any] = {k: _median(v) for k, v in runs.items()}
     figures["rss_peak_bytes"] = max(runs["rss_bytes"])

@@ -12,6 +12,7 @@ and its own topic names, so tests cannot see each other's rows or messages.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import subprocess
@@ -25,7 +26,7 @@ import pytest
 from psycopg import sql
 
 from matcher.config import Settings
-from matcher.kafka.topics import ensure_topics
+from matcher.kafka.topics import delete_topics, ensure_topics
 from matcher.store.migrate import migrate
 
 
@@ -142,7 +143,7 @@ def db_url(services: Services, template_db: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def settings(services: Services, db_url: str) -> Settings:
+def settings(services: Services, db_url: str) -> Iterator[Settings]:
     """Settings for this test: its own database and its own, already created, topics."""
     suffix = uuid.uuid4().hex[:10]
     result = Settings(
@@ -171,7 +172,12 @@ def settings(services: Services, db_url: str) -> Settings:
             partitions=result.topic_partitions,
         )
     )
-    return result
+    yield result
+    # Best effort: a broker left with thousands of test partitions slows every later run.
+    with contextlib.suppress(Exception):
+        asyncio.run(
+            delete_topics(result.kafka_client_options(), [result.events_topic, result.resume_topic])
+        )
 
 
 def settings_env(settings: Settings) -> dict[str, str]:

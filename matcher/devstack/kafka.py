@@ -23,7 +23,7 @@ from matcher.devstack.procs import DevstackError, pid_alive, read_pid, tail, ter
 KAFKA_VERSION = "4.1.1"
 LOG4J_VERSION = "2.24.3"
 _MAIN_CLASS = "kafka.Kafka"
-_HEAP = ("-Xms128m", "-Xmx512m")
+_HEAP = ("-Xms512m", "-Xmx512m")
 
 _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>

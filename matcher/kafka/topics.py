@@ -46,3 +46,18 @@ async def ensure_topics(
         return created
     finally:
         await admin.close()
+
+
+async def delete_topics(client_options: dict[str, Any], names: Iterable[str]) -> None:
+    """Delete topics that exist; the rest are ignored. For tests and the benchmark, which
+    create topics by the hundred: a broker carrying thousands of dead partitions spends
+    its heap and CPU on them and slows everything measured on it."""
+    admin = AIOKafkaAdminClient(**client_options)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        doomed = [name for name in dict.fromkeys(names) if name in existing]
+        if doomed:
+            await admin.delete_topics(doomed)
+    finally:
+        await admin.close()
