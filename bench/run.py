@@ -104,6 +104,11 @@ class Env:
         migrate(self.url(self.template))
 
     def fresh_db(self) -> str:
+        """A new database for the next measurement; the previous one (measured and done
+        with) is dropped first, so the tables of 1M-row runs do not pile up and
+        autovacuum does not work through dozens of dead databases while we measure."""
+        self._drop(self.databases)
+        self.databases = []
         name = f"bench_{uuid.uuid4().hex[:10]}"
         self.admin(
             sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
@@ -115,7 +120,10 @@ class Env:
 
     async def cleanup(self) -> None:
         await delete_topics({"bootstrap_servers": self.kafka}, self.topics)
-        for name in [*self.databases, self.template]:
+        self._drop([*self.databases, self.template])
+
+    def _drop(self, names: list[str]) -> None:
+        for name in names:
             self.admin(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )
