@@ -69,7 +69,7 @@ campaign: install ## Long crash/fault/race campaign (tens of minutes; not part o
 	  $(BIN)/pytest -q tests/integration/test_faults.py tests/integration/test_outage.py || exit 1; \
 	done
 
-bench: install ## The full benchmark (about 20 minutes); the last line is the results JSON.
+bench: install ## The full benchmark (about 15 minutes); the last line is the results JSON.
 	$(USE_ENV); $(BIN)/python -m bench.run
 
 bench-quick: install ## The benchmark in under 3 minutes (fewer events, smaller scale).
