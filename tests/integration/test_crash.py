@@ -17,6 +17,7 @@ import psycopg
 import pytest
 
 from matcher.config import Settings
+from matcher.domain.events import CompletionEvent
 from matcher.domain.waits import WaitSpec
 from matcher.sdk import advance, register_wait
 from tests.helpers import (
@@ -122,15 +123,23 @@ async def test_crash_at_point_then_recover(settings: Settings, point: str) -> No
     await _check_exactly_once(settings, total)
 
 
+async def _produce_paced(
+    settings: Settings, events: list[CompletionEvent], *, pause: float
+) -> None:
+    for start in range(0, len(events), 50):
+        await produce(settings, events[start : start + 50])
+        await asyncio.sleep(pause)
+
+
 async def test_sigterm_under_load_loses_and_doubles_nothing(settings: Settings) -> None:
     total = env_flag("MATCHER_TEST_LOAD_EVENTS", 1500)
     correlations = _register(settings, total)
     events = [event(correlation=c) for c in correlations]
     first = DaemonProcess(process_env(settings))
     first.wait_ready()
-    producing = asyncio.create_task(
-        produce(settings, events)  # one stream, while the daemon works through it
-    )
+    # Paced, so the stop lands mid-stream: sent at once, the daemon had stored them all
+    # before its graceful stop finished, and the test had nothing left to check.
+    producing = asyncio.create_task(_produce_paced(settings, events, pause=0.1))
     await eventually(
         lambda: (scalar(settings, "SELECT count(*) FROM matcher.outbox") or 0) > total // 10,
         timeout=60,
@@ -158,14 +167,9 @@ async def test_members_join_and_leave_the_group_under_load(settings: Settings) -
     def resolved() -> int:
         return int(scalar(settings, "SELECT count(*) FROM matcher.outbox") or 0)
 
-    async def produce_slowly() -> None:
-        for start in range(0, total, 50):
-            await produce(settings, events[start : start + 50])
-            await asyncio.sleep(0.05)
-
     a = DaemonProcess(process_env(settings))
     a.wait_ready()
-    producing = asyncio.create_task(produce_slowly())
+    producing = asyncio.create_task(_produce_paced(settings, events, pause=0.05))
     await eventually(lambda: resolved() > total // 8, timeout=60)
     b = DaemonProcess(process_env(settings))
     b.wait_ready()
