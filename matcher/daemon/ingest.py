@@ -152,6 +152,7 @@ class Ingest:
                     # Taken before the task starts, so a revocation waits for this batch.
                     await self._batch_lock.acquire()
                     in_flight = asyncio.create_task(self._handle_locked(committer, batch, records))
+                committer.tick()
                 await self._measure_lag(consumer, committer)
             if in_flight is not None:
                 await in_flight

@@ -26,10 +26,12 @@ log = logging.getLogger("matcher.ingest")
 
 
 class OffsetCommitter:
-    def __init__(self, consumer: AIOKafkaConsumer) -> None:
+    def __init__(self, consumer: AIOKafkaConsumer, retry_after_s: float = 1.0) -> None:
         self._consumer = consumer
         self._pending: dict[TopicPartition, int] = {}
         self._task: asyncio.Task[None] | None = None
+        self._retry_after_s = retry_after_s
+        self._failed_at: float | None = None
         # The newest offset Kafka acknowledged per partition (for the lag gauge).
         self.committed: dict[TopicPartition, int] = {}
 
@@ -38,14 +40,26 @@ class OffsetCommitter:
         for tp, offset in offsets.items():
             if offset > self._pending.get(tp, -1):
                 self._pending[tp] = offset
+        self._start()
+
+    def tick(self) -> None:
+        """Called by the ingest loop on every poll, batch or not: offsets whose commit
+        failed are tried again (after a pause) even when no newer batch comes to carry
+        them, so an idle partition does not keep an old committed offset."""
+        if self._failed_at is not None:
+            if asyncio.get_running_loop().time() - self._failed_at < self._retry_after_s:
+                return
+            self._failed_at = None
+        self._start()
+
+    def _start(self) -> None:
         if self._pending and (self._task is None or self._task.done()):
             self._task = asyncio.create_task(self._drain(), name="offset-commits")
 
     async def flush(self) -> None:
         """Return once everything submitted so far was committed, refused, or failed
         once more: before partitions are revoked, and before the consumer leaves."""
-        if self._pending and (self._task is None or self._task.done()):
-            self._task = asyncio.create_task(self._drain(), name="offset-commits")
+        self._start()
         while self._task is not None and not self._task.done():
             await asyncio.shield(self._task)
 
@@ -74,8 +88,9 @@ class OffsetCommitter:
                 # newer offset for the partition arrived meanwhile.
                 for tp, meta in offsets.items():
                     self._pending.setdefault(tp, meta.offset)
+                self._failed_at = asyncio.get_running_loop().time()
                 log.warning(
-                    "offset commit failed; will retry with the next batch",
+                    "offset commit failed; will retry",
                     extra={"error": repr(exc)},
                 )
                 return

@@ -105,6 +105,27 @@ def test_a_failed_commit_keeps_a_newer_offset_submitted_meanwhile() -> None:
     assert asyncio.run(scenario()).committed == {P0: 9}
 
 
+def test_an_idle_partitions_failed_commit_is_retried_by_the_tick_after_a_pause() -> None:
+    async def scenario() -> tuple[RecordingConsumer, OffsetCommitter]:
+        consumer = RecordingConsumer()
+        consumer.fail_next.append(KafkaConnectionError("coordinator away"))
+        committer = OffsetCommitter(consumer, retry_after_s=0.1)
+        committer.submit({P0: 4})  # the partition's last batch for a while
+        await asyncio.sleep(0.02)
+        committer.tick()  # too soon: no request storm while the coordinator is away
+        await asyncio.sleep(0.02)
+        assert consumer.requests == []
+        assert committer.committed == {}
+        await asyncio.sleep(0.1)
+        committer.tick()
+        await asyncio.sleep(0.02)
+        return consumer, committer
+
+    consumer, committer = asyncio.run(scenario())
+    assert consumer.requests == [{P0: 4}]
+    assert committer.committed == {P0: 4}
+
+
 def test_a_refused_commit_is_dropped_for_the_new_owner() -> None:
     async def scenario() -> tuple[RecordingConsumer, OffsetCommitter]:
         consumer = RecordingConsumer()
