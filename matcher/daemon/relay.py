@@ -13,12 +13,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
+from psycopg.rows import args_row
 from psycopg_pool import AsyncConnectionPool
 
 from matcher.admin import metrics
@@ -29,14 +30,25 @@ from matcher.store.sql import query
 log = logging.getLogger("matcher.relay")
 
 
-def _observe(rows: list[tuple[Any, ...]]) -> None:
+class Claimed(NamedTuple):
+    """A row of ``claim_unpublished``, in its column order."""
+
+    id: int
+    run_id: str
+    outcome: str
+    waited_s: float
+    received_epoch: float | None  # None unless an event resolved the wait
+    message: str  # the resume CloudEvent's JSON
+
+
+def _observe(rows: list[Claimed]) -> None:
     now = time.time()
     published: dict[str, int] = {}
-    for _id, _run_id, outcome, waited_s, received_epoch, _message in rows:
-        published[outcome] = published.get(outcome, 0) + 1
-        metrics.WAIT_DURATION.labels(outcome).observe(waited_s)
-        if received_epoch is not None:
-            metrics.EVENT_TO_RESUME.observe(max(0.0, now - received_epoch))
+    for row in rows:
+        published[row.outcome] = published.get(row.outcome, 0) + 1
+        metrics.WAIT_DURATION.labels(row.outcome).observe(row.waited_s)
+        if row.received_epoch is not None:
+            metrics.EVENT_TO_RESUME.observe(max(0.0, now - row.received_epoch))
     for outcome, count in published.items():
         metrics.RESUMES_PUBLISHED.labels(outcome).inc(count)
 
@@ -46,7 +58,7 @@ _PARTITIONER = DefaultPartitioner()  # Kafka's Java default: murmur2 of the key
 
 
 async def _send_in_batches(
-    producer: AIOKafkaProducer, topic: str, rows: list[tuple[Any, ...]]
+    producer: AIOKafkaProducer, topic: str, rows: list[Claimed]
 ) -> list[asyncio.Future[Any]]:
     """Hand the resumes to Kafka a batch per partition rather than a message at a time:
     per-message ``send`` was a sixth of the daemon's CPU. Keyed by run id, partitioned as
@@ -55,9 +67,9 @@ async def _send_in_batches(
     partitions = sorted(await producer.partitions_for(topic))
     batches: dict[int, Any] = {}
     futures: list[asyncio.Future[Any]] = []
-    for _id, run_id, _outcome, _waited, _received, message in rows:
-        key = run_id.encode()
-        value = message.encode()
+    for row in rows:
+        key = row.run_id.encode()
+        value = row.message.encode()
         partition = int(_PARTITIONER(key, partitions, partitions))
         batch = batches.get(partition)
         if batch is None:
@@ -157,7 +169,7 @@ class Relay:
             self._pool.connection() as conn,
             conn.pipeline() as pipeline,
             conn.transaction(),
-            conn.cursor() as cur,
+            conn.cursor(row_factory=args_row(Claimed)) as cur,
         ):
             await cur.execute(
                 query("relay", "claim_unpublished"), {"limit": self._settings.relay_batch_max}
@@ -169,7 +181,7 @@ class Relay:
             crash_point("relay.before_publish")
             await asyncio.gather(*await _send_in_batches(producer, topic, rows))
             crash_point("relay.after_publish")
-            await cur.execute(query("relay", "mark_published"), {"ids": [r[0] for r in rows]})
+            await cur.execute(query("relay", "mark_published"), {"ids": [r.id for r in rows]})
         self.published += len(rows)
         _observe(rows)
         return len(rows)

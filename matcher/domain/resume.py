@@ -69,8 +69,9 @@ class ResumeCloudEvent(BaseModel):
 def resume_message(data: ResumeData) -> bytes:
     """The structured-mode JSON CloudEvent carrying ``data``, as the bytes to publish.
 
-    Serialised by pydantic's core in one pass (no intermediate dict): the relay does this
-    for every resolution.
+    The relay does not call this: its claim query builds the same JSON in Postgres, and
+    ``tests/integration/test_resume_message.py`` holds the two equal, with this as the
+    reference.
     """
     return (
         ResumeCloudEvent(

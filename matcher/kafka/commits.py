@@ -84,8 +84,8 @@ class OffsetCommitter:
                     extra={"error": str(exc)},
                 )
             except KafkaError as exc:
-                # Kept for the next attempt (the next batch's, or the flush), unless a
-                # newer offset for the partition arrived meanwhile.
+                # Kept for the next attempt (the next batch's, the tick's after a pause,
+                # or the flush), unless a newer offset for the partition arrived meanwhile.
                 for tp, meta in offsets.items():
                     self._pending.setdefault(tp, meta.offset)
                 self._failed_at = asyncio.get_running_loop().time()

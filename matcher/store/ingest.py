@@ -186,8 +186,9 @@ async def store_batch(
     events = _new_events(records)
     rejected = [r for r in records if isinstance(r.parsed, Rejection)]
     result = BatchResult(quarantined=len(rejected))
-    # One pipeline for the whole transaction: BEGIN travels with the reads and COMMIT with
-    # the writes, so a batch costs two round trips to Postgres.
+    # One pipeline for the whole transaction: BEGIN travels with the reads, so a batch
+    # costs two round trips and the commit. (COMMIT cannot join the writes: the counts
+    # they return are checked first, and a mismatch must roll back.)
     async with conn.pipeline() as pipeline, conn.transaction():
         if events:
             keys = {
