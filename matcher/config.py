@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from matcher.auth.check import Policy
+from matcher.auth.policy import Policy
 
 ENV_PREFIX = "MATCHER_"
 
@@ -81,6 +81,11 @@ class Settings(BaseSettings):
     signature_tolerance_s: float = Field(default=300.0, gt=0)
     max_event_bytes: int = Field(default=1024 * 1024, ge=1)
     max_header_bytes: int = Field(default=16 * 1024, ge=1)
+    max_headers: int = Field(default=64, ge=1, le=10_000)
+    max_json_depth: int = Field(default=64, ge=2, le=500)
+    max_signatures: int = Field(default=8, ge=1, le=100)
+    # Quarantined records are deleted this long after they were quarantined.
+    quarantine_retention: timedelta = Field(default=timedelta(days=30), gt=timedelta(0))
     # Rejected records are also copied here, when set (the quarantine table always has them).
     dead_letter_topic: str | None = None
     # How often the producers file is checked for changes (SIGHUP reloads at once).
@@ -101,6 +106,10 @@ class Settings(BaseSettings):
     relay_linger_ms: int = Field(default=0, ge=0)
     relay_poll_interval_s: float = Field(default=1.0, gt=0)
 
+    # Rematch: newly registered waits (and keys ingest found busy) against stored events.
+    rematch_batch_max: int = Field(default=500, ge=1, le=100_000)
+    rematch_interval_s: float = Field(default=1.0, gt=0)
+
     # Deadline sweeper.
     sweep_interval_s: float = Field(default=1.0, gt=0)
     sweep_batch_max: int = Field(default=1000, ge=1)
@@ -116,7 +125,8 @@ class Settings(BaseSettings):
 
     # The admin HTTP API (health, metrics, explain, views). Port 0: any free port.
     admin_address: str = "127.0.0.1:9464"
-    # When set, /v1/* requires `Authorization: Bearer <token>`.
+    # When set, /v1/* requires `Authorization: Bearer <token>`. Set but empty is refused:
+    # it would read as "protected" and protect nothing.
     admin_token: SecretStr | None = None
     # How often system-wide gauges are read from Postgres.
     stats_interval_s: float = Field(default=5.0, gt=0)
@@ -133,13 +143,20 @@ class Settings(BaseSettings):
     def _upper(cls, value: Any) -> Any:
         return value.upper() if isinstance(value, str) else value
 
-    @field_validator("inbox_retention", "inbox_purge_after", mode="before")
+    @field_validator("inbox_retention", "inbox_purge_after", "quarantine_retention", mode="before")
     @classmethod
     def _seconds(cls, value: Any) -> Any:
         # Durations are ISO-8601 ("P7D", "PT12H") or a plain number of seconds.
         if isinstance(value, str):
             with contextlib.suppress(ValueError):
                 return timedelta(seconds=float(value))
+        return value
+
+    @field_validator("admin_token")
+    @classmethod
+    def _check_admin_token(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().strip():
+            raise ValueError("is empty: unset it to leave /v1 open, or give a token")
         return value
 
     @field_validator("admin_address")
@@ -208,6 +225,9 @@ class Settings(BaseSettings):
             timestamp_tolerance=timedelta(seconds=self.signature_tolerance_s),
             max_value_bytes=self.max_event_bytes,
             max_header_bytes=self.max_header_bytes,
+            max_headers=self.max_headers,
+            max_json_depth=self.max_json_depth,
+            max_signatures=self.max_signatures,
         )
 
     def kafka_client_options(self) -> dict[str, Any]:

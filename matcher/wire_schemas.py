@@ -20,7 +20,7 @@ from matcher_producer import SigningKey, binary_content, encode, sign_record
 from pydantic import BaseModel
 
 from matcher.auth.registry import ProducersFile
-from matcher.domain.events import CompletionEvent
+from matcher.domain.events import REASONS, CompletionEvent
 from matcher.domain.resume import ResumeCloudEvent
 from matcher.domain.waits import WaitSpec
 
@@ -123,8 +123,21 @@ def _openapi() -> str:
     return json.dumps(app.openapi(), indent=2, sort_keys=True) + "\n"
 
 
+def _reasons() -> str:
+    document = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "description": "The reason codes of matcher.quarantine (and of the dead-letter "
+        "topic's matcher-reason header), each with what it means.",
+        "type": "string",
+        "enum": sorted(REASONS),
+        "x-meanings": dict(sorted(REASONS.items())),
+    }
+    return json.dumps(document, indent=2) + "\n"
+
+
 def generate() -> dict[str, str]:
     files = {name: _schema(model, text) for name, (model, text) in _MODELS.items()}
+    files["quarantine-reasons.json"] = _reasons()
     files["openapi.json"] = _openapi()
     files["signature-vectors.json"] = _vectors()
     return files

@@ -24,13 +24,17 @@ from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
 from psycopg.rows import dict_row
 
+from matcher.auth.gate import judge
+from matcher.auth.policy import Policy
+from matcher.auth.record import RawRecord
+from matcher.auth.registry import Registry
 from matcher.config import Settings
 from matcher.daemon import app as daemon_app
-from matcher.domain.events import CompletionEvent
+from matcher.domain.events import CompletionEvent, Rejection
 from matcher.domain.resume import ResumeData
-from matcher.kafka.binding import parse_record
 from matcher.sdk import parse_resume
 from matcher.store.ingest import IngestRecord
+from matcher.store.rematch import rematch_once
 
 
 def to_record(
@@ -190,10 +194,49 @@ def db(settings: Settings) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         yield conn
 
 
+UNSIGNED = Policy(require_signatures=False)
+
+
+def parse_record(
+    headers: Sequence[tuple[str | bytes, bytes | None]],
+    key: bytes | None,
+    value: bytes | None,
+    *,
+    policy: Policy = UNSIGNED,
+    registry: Registry | None = None,
+    arrived_at: datetime | None = None,
+) -> CompletionEvent | Rejection:
+    """The gate's verdict on (key, headers, value): unsigned records allowed by default."""
+    return judge(raw(headers, key, value, arrived_at), registry or Registry(), policy)
+
+
+def raw(
+    headers: Sequence[tuple[str | bytes, bytes | None]],
+    key: bytes | None,
+    value: bytes | None,
+    arrived_at: datetime | None = None,
+) -> RawRecord:
+    names = tuple((n.encode() if isinstance(n, str) else n, v) for n, v in headers)
+    return RawRecord(key, names, value, arrived_at or datetime.now(UTC))
+
+
 def ingest_record(e: CompletionEvent, offset: int, topic: str = "t") -> IngestRecord:
     """``e`` as ingest sees it after parsing: for tests that call ``store_batch`` directly."""
     key, headers, value = to_record(e)
-    return IngestRecord(topic, 0, offset, key, value, headers, parse_record(headers, key, value))
+    record = raw(headers, key, value)
+    parsed = judge(record, Registry(), UNSIGNED)
+    return IngestRecord(topic, 0, offset, key, value, record.headers, parsed, record.arrived_at)
+
+
+async def rematch_all(settings: Settings) -> int:
+    """Run the rematch pass until the queue is empty, as a daemon would (for tests that
+    register waits with no daemon running); return how many waits it resolved."""
+    url = settings.database_url.get_secret_value()
+    matched = 0
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        while (result := await rematch_once(conn)).keys:
+            matched += result.matched
+    return matched
 
 
 def ensure_inbox_days(settings: Settings, days_back: int) -> None:

@@ -34,11 +34,12 @@ def netstring(value: bytes) -> bytes:
     return str(len(value)).encode() + b":" + value + b","
 
 
-def binary_content(headers: Mapping[str, bytes], value: bytes) -> bytes:
-    """The signed content of a binary-mode record (see the module docstring)."""
+def binary_content(headers: Mapping[bytes, bytes], value: bytes) -> bytes:
+    """The signed content of a binary-mode record (see the module docstring); ``headers``
+    are the exactly-named headers of the record's canonical reading."""
     parts = [BINARY_PREFIX]
-    parts.extend(netstring(headers.get(f"ce_{name}", b"")) for name in BINARY_ATTRIBUTES)
-    parts.append(netstring(headers.get("content-type", b"")))
+    parts.extend(netstring(headers.get(b"ce_" + name.encode(), b"")) for name in BINARY_ATTRIBUTES)
+    parts.append(netstring(headers.get(b"content-type", b"")))
     parts.append(value)
     return b"".join(parts)
 
@@ -70,29 +71,51 @@ def decode_key(text: str, prefix: str) -> bytes:
     return raw
 
 
-def _signatures(header: str) -> Iterable[tuple[str, bytes]]:
-    for item in header.split(" "):
-        version, _, encoded = item.partition(",")
-        if not encoded:
+# Expected lengths: an entry of another length cannot verify, so it costs no crypto.
+_LENGTHS = {b"v1": 32, b"v1a": 64}
+
+
+class TooManySignatures(ValueError):
+    pass
+
+
+def offered_signatures(header: bytes, limit: int) -> list[tuple[bytes, bytes]]:
+    """The (version, signature) entries of a ``webhook-signature`` header worth checking.
+
+    Entries are space-separated ``<version>,<base64>``; unknown versions and undecodable
+    or wrong-length entries are skipped (Standard Webhooks: ignore what you do not know).
+    More than ``limit`` entries raise: each costs every key a verification.
+    """
+    entries = header.split(b" ")
+    if len(entries) > limit:
+        raise TooManySignatures(f"{len(entries)} signatures; at most {limit} are checked")
+    offered: list[tuple[bytes, bytes]] = []
+    for entry in entries:
+        version, _, encoded = entry.partition(b",")
+        if version not in _LENGTHS:
             continue
         try:
-            yield version, base64.b64decode(encoded, validate=True)
+            signature = base64.b64decode(encoded, validate=True)
         except (binascii.Error, ValueError):
             continue
+        if len(signature) == _LENGTHS[version]:
+            offered.append((version, signature))
+    return offered
 
 
-def verify(signature_header: str, message: bytes, keys: Iterable[VerifyingKey]) -> str | None:
+def verify(
+    offered: list[tuple[bytes, bytes]], message: bytes, keys: Iterable[VerifyingKey]
+) -> str | None:
     """The id of the key that signed ``message``, or None. Comparisons are constant-time."""
-    offered = list(_signatures(signature_header))
     for key in keys:
         if key.hmac_secret is not None:
             expected = hmac.new(key.hmac_secret, message, hashlib.sha256).digest()
             for version, signature in offered:
-                if version == "v1" and hmac.compare_digest(expected, signature):
+                if version == b"v1" and hmac.compare_digest(expected, signature):
                     return key.id
         if key.ed25519_public_key is not None:
             for version, signature in offered:
-                if version != "v1a":
+                if version != b"v1a":
                     continue
                 try:
                     key.ed25519_public_key.verify(signature, message)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import re
+import sys
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated, Any
@@ -16,11 +18,24 @@ from pydantic import (
     field_validator,
 )
 
+# Deep enough for any real job result, shallow enough that nothing downstream recurses far.
+MAX_JSON_DEPTH = 64
 
-def _no_nul(value: str) -> str:
-    # Postgres text cannot hold NUL; refuse it here rather than fail the whole batch later.
-    if "\x00" in value:
-        raise ValueError("must not contain NUL characters")
+# A lone surrogate comes only from a \\uD800-\\uDFFF escape in JSON: no UTF-8 decodes to one.
+_UNSTORABLE_CHAR = re.compile("[\x00\ud800-\udfff]")
+
+
+def _char_problem(char: str) -> str:
+    if char == "\x00":
+        return "a NUL character (\\u0000), which Postgres text cannot hold"
+    return f"a lone surrogate (\\u{ord(char):04x}), which is not Unicode text"
+
+
+def _storable_text(value: str) -> str:
+    # Refused here, where the reason can be given, rather than by Postgres for a whole batch.
+    found = _UNSTORABLE_CHAR.search(value)
+    if found is not None:
+        raise ValueError(f"must not contain {_char_problem(found.group())}")
     return value
 
 
@@ -28,21 +43,33 @@ def _no_nul(value: str) -> str:
 Ident = Annotated[
     str,
     StringConstraints(min_length=1, max_length=512, pattern=r"\S"),
-    AfterValidator(_no_nul),
+    AfterValidator(_storable_text),
 ]
 
 
-def _unstorable(value: Any) -> str | None:
-    """Why Postgres jsonb would refuse ``value``, or None."""
-    if isinstance(value, str):
-        return "NUL characters (\\u0000)" if "\x00" in value else None
-    if isinstance(value, float):
-        return None if math.isfinite(value) else "a non-finite number (NaN or Infinity)"
-    if isinstance(value, dict):
-        items: list[Any] = [*value.keys(), *value.values()]
-        return next((r for r in map(_unstorable, items) if r), None)
-    if isinstance(value, list):
-        return next((r for r in map(_unstorable, value) if r), None)
+def unstorable(value: Any, *, max_depth: int = MAX_JSON_DEPTH) -> str | None:
+    """Why ``value`` cannot be stored as jsonb, or None. (What jsonb stores reads back with
+    the same meaning; numbers in its own form: 1e2 as 100, -0.0 as 0.)
+
+    Iterative, so the depth bound is this one, not the interpreter's recursion limit.
+    """
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            found = _UNSTORABLE_CHAR.search(item)
+            if found is not None:
+                return _char_problem(found.group())
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return "a non-finite number (NaN or Infinity)"
+        elif isinstance(item, dict | list):
+            if depth > max_depth:
+                return f"nesting deeper than {max_depth} levels"
+            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+        elif not isinstance(item, int | bool) and item is not None:
+            return f"a value of type {type(item).__name__}"
     return None
 
 
@@ -70,17 +97,41 @@ class CompletionEvent(BaseModel):
     @field_validator("data")
     @classmethod
     def _data_fits_jsonb(cls, value: Any) -> Any:
-        problem = _unstorable(value)
+        # No depth bound here: the gate applies the configured one; this is only storability.
+        problem = unstorable(value, max_depth=sys.maxsize)
         if problem is not None:
             raise ValueError(f"must not contain {problem}: it is not storable JSON")
         return value
 
 
+# Every reason a record is quarantined for, with what it means (the README and the schemas
+# list the same codes; a test holds them equal).
+REASONS: dict[str, str] = {
+    "malformed": "not a completion event matcher can read: bad JSON, a missing or invalid "
+    "attribute, data that is not JSON, an unsupported content type",
+    "ambiguous": "the record has more than one reading: a header the gate reads appears "
+    "twice or under another spelling (case, width, spaces), or structured mode comes with "
+    "ce_ headers",
+    "limit_exceeded": "past a structural bound: JSON nesting, header count, or signatures "
+    "per record",
+    "too_large": "the value, or the key and headers together, exceed the byte limits",
+    "undecodable": "the Kafka client could not decode the record (for example a header "
+    "name that is not UTF-8); kept by its coordinates with the bytes that were recovered",
+    "unknown_producer": "the event's source is not in the producers file",
+    "bad_signature": "no valid signature of an active key of the producer",
+    "expired_timestamp": "webhook-timestamp is outside the tolerance of the record's "
+    "arrival at the broker",
+    "tenant_not_allowed": "the producer may not send events for this tenant",
+    "type_not_allowed": "the producer may not send events of this type",
+    "schema_invalid": "the data does not satisfy the JSON Schema of its event type",
+}
+
+
 @dataclass(frozen=True)
 class Rejection:
-    """Why a Kafka record is not a valid completion event."""
+    """Why a record is not a valid completion event."""
 
-    reason: str  # a reason code, e.g. "malformed"
+    reason: str  # a key of REASONS
     detail: str
     # Attributes read despite the failure: producer, event_id, tenant, type, correlation_id.
     seen: dict[str, str] = field(default_factory=dict)

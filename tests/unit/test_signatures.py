@@ -14,18 +14,30 @@ from matcher_producer import CompletionEvent as ProducerEvent
 from matcher_producer import SigningKey, binary_content, encode, sign_record
 from standardwebhooks import Webhook
 
-from matcher.auth.check import Policy
+from matcher.auth.policy import Policy
 from matcher.auth.registry import Registry, parse_registry
 from matcher.auth.signatures import binary_content as daemon_binary_content
 from matcher.auth.signatures import signed_bytes
-from matcher.domain.events import CompletionEvent, Rejection
-from matcher.kafka.binding import inspect_record
+from matcher.domain.events import REASONS, CompletionEvent, Rejection
 from matcher.wire_schemas import generate
+from tests.helpers import parse_record
 
 SCHEMAS = Path(__file__).parents[2] / "schemas"
 VECTORS: list[dict[str, Any]] = json.loads((SCHEMAS / "signature-vectors.json").read_text())[
     "cases"
 ]
+
+
+def inspect_record(
+    headers: Any,
+    key: bytes | None,
+    value: bytes | None,
+    registry: Registry,
+    policy: Policy,
+    at: datetime,
+) -> CompletionEvent | Rejection:
+    """The gate's verdict on a record that reached the broker at ``at``."""
+    return parse_record(headers, key, value, policy=policy, registry=registry, arrived_at=at)
 
 
 def _registry(key: str, tenants: str = '["acme"]', types: str = '["job.completed"]') -> Registry:
@@ -81,7 +93,7 @@ def test_both_implementations_build_the_vector_bytes(case: dict[str, Any]) -> No
     value = case["value_utf8"].encode()
     expected = base64.b64decode(case["signed_bytes_base64"])
     if case["mode"] == "binary":
-        daemon = daemon_binary_content(dict(headers), value)
+        daemon = daemon_binary_content({k.encode(): v for k, v in headers}, value)
         producer = binary_content(headers, value)
     else:
         daemon = producer = value
@@ -221,3 +233,40 @@ def test_size_limits() -> None:
     many = inspect_record([("h", b"y" * 300)], None, b"{}", Registry(), policy, datetime.now(UTC))
     assert isinstance(many, Rejection)
     assert many.reason == "too_large"
+
+
+def test_signatures_per_record_are_bounded() -> None:
+    valid = BINARY["webhook_signature"].encode()
+    junk = b"v1a," + base64.b64encode(b"\0" * 64)
+    eight = b" ".join([junk] * 7 + [valid])
+    assert _reason(BINARY, headers={"webhook-signature": eight}) is None
+    nine = b" ".join([junk] * 8 + [valid])
+    assert _reason(BINARY, headers={"webhook-signature": nine}) == "limit_exceeded"
+    many = b" ".join([junk] * 170)
+    assert _reason(BINARY, headers={"webhook-signature": many}) == "limit_exceeded"
+
+
+@pytest.mark.parametrize(
+    "stamp",
+    [b"9" * 400, b"+1767225600", b" 1767225600", "\uff11\uff17\uff16\uff17".encode(), b"-1", b""],
+)
+def test_webhook_timestamp_is_plain_unix_seconds(stamp: bytes) -> None:
+    assert _reason(BINARY, headers={"webhook-timestamp": stamp}) in ("bad_signature", "malformed")
+
+
+def test_freshness_is_judged_against_arrival_not_reading() -> None:
+    """A record that arrived in time stays valid however late it is read (a backlog)."""
+    arrived = _at(BINARY) + timedelta(seconds=30)
+    assert _reason(BINARY, now=arrived) is None
+
+
+def test_every_reason_code_is_documented_in_the_readme() -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    table = readme[readme.index("| reason | what it means |") :].split("\n\n", 1)[0]
+    documented = {code for line in table.splitlines()[2:] for code in _codes(line)}
+    assert documented == set(REASONS)
+
+
+def _codes(line: str) -> list[str]:
+    first = line.split("|")[1]
+    return [part.strip().strip("`") for part in first.split(",")]

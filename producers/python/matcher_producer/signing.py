@@ -80,8 +80,11 @@ def binary_content(headers: list[tuple[str, bytes]], value: bytes) -> bytes:
 
 
 def is_structured(headers: list[tuple[str, bytes]]) -> bool:
+    """Structured mode is exactly the media type application/cloudevents+json (the
+    matcher gate reads it so, and refuses ce_ headers beside it)."""
     content_type = dict(headers).get("content-type", b"")
-    return content_type.lower().startswith(b"application/cloudevents")
+    media = content_type.split(b";", 1)[0].strip().lower()
+    return media == b"application/cloudevents+json"
 
 
 def sign_record(

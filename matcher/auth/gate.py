@@ -1,0 +1,195 @@
+"""The gate: one record in, an accepted event or a rejection with a reason out.
+
+The only place that decides trust (invariants 5 and 6), and transport-independent: the
+Kafka consumer and the HTTP ingress hand it the same ``RawRecord``. Order matters:
+
+1. bounds first, before any parsing (sizes, header count);
+2. one canonical reading (``matcher.auth.record``): anything ambiguous is refused;
+3. the signature over exactly the bytes that reading used, fresh against the record's
+   arrival (never against the time it is processed: a backlog must not expire events);
+4. only then what the registry allows (tenant, type), so a reason code reveals nothing
+   about the registry to an unauthenticated sender;
+5. the payload's JSON Schema.
+
+Nothing here raises on bad input: every failure is a ``Rejection``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+from datetime import UTC
+
+from pydantic import ValidationError
+
+from matcher.auth.policy import Policy
+from matcher.auth.record import RawRecord, View, parse_time, read_view
+from matcher.auth.registry import Producer, Registry
+from matcher.auth.signatures import (
+    TooManySignatures,
+    binary_content,
+    offered_signatures,
+    signed_bytes,
+    verify,
+)
+from matcher.domain.events import CompletionEvent, Rejection
+
+_UNIX_SECONDS = re.compile(rb"[0-9]{1,12}")
+
+
+def judge(record: RawRecord, registry: Registry, policy: Policy) -> CompletionEvent | Rejection:
+    """Whether ``record`` may enter the inbox, and as which event."""
+    read = _read(record, policy)
+    if isinstance(read, Rejection):
+        return read
+    view, event = read
+    seen = _seen(event)
+    producer = registry.producers.get(event.source)
+    # Unsigned events pass only where the operator allowed them and named no producers; a
+    # signature that is present is always checked.
+    signed = b"webhook-signature" in view.reserved
+    if producer is None:
+        if policy.require_signatures or registry.producers or signed:
+            return Rejection(
+                "unknown_producer", f"no producer {event.source!r} is registered", seen
+            )
+    elif policy.require_signatures or signed:
+        refused = _check_signature(record, view, event, producer, policy)
+        if refused is not None:
+            return Rejection(refused.reason, refused.detail, seen)
+    refused = _check_allowed(event, producer, registry)
+    return event if refused is None else Rejection(refused.reason, refused.detail, seen)
+
+
+def read(record: RawRecord, policy: Policy) -> CompletionEvent | Rejection:
+    """Steps 1 and 2 alone: the event ``record`` would be, trusted or not (for tools and
+    the benchmark; the daemon calls ``judge``)."""
+    found = _read(record, policy)
+    return found if isinstance(found, Rejection) else found[1]
+
+
+def _read(record: RawRecord, policy: Policy) -> tuple[View, CompletionEvent] | Rejection:
+    too_big = _check_bounds(record, policy)
+    if too_big is not None:
+        return too_big
+    view = read_view(record, policy.max_json_depth)
+    if isinstance(view, Rejection):
+        return view
+    event = _event(view)
+    return event if isinstance(event, Rejection) else (view, event)
+
+
+def _check_bounds(record: RawRecord, policy: Policy) -> Rejection | None:
+    size = len(record.value or b"")
+    if size > policy.max_value_bytes:
+        return Rejection(
+            "too_large", f"value is {size} bytes; the limit is {policy.max_value_bytes}"
+        )
+    if len(record.headers) > policy.max_headers:
+        return Rejection(
+            "limit_exceeded",
+            f"{len(record.headers)} headers; the limit is {policy.max_headers}",
+        )
+    header_size = sum(len(k) + len(v or b"") for k, v in record.headers) + len(record.key or b"")
+    if header_size > policy.max_header_bytes:
+        return Rejection(
+            "too_large",
+            f"key and headers are {header_size} bytes; the limit is {policy.max_header_bytes}",
+        )
+    return None
+
+
+def _event(view: View) -> CompletionEvent | Rejection:
+    attributes = view.attributes
+    when = None
+    if "time" in attributes:
+        when = parse_time(attributes["time"])
+        if when is None:
+            return Rejection("malformed", "time must be an RFC 3339 date-time with an offset")
+    try:
+        return CompletionEvent(
+            specversion=attributes["specversion"],
+            id=attributes["id"],
+            source=attributes["source"],
+            type=attributes["type"],
+            tenant=attributes["tenant"],
+            correlationid=attributes["correlationid"],
+            jobid=attributes.get("jobid"),
+            time=when,
+            datacontenttype=view.datacontenttype,
+            data=view.data,
+        )
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'event'}: "
+            + str(e["msg"]).removeprefix("Value error, ")
+            for e in exc.errors()
+        )
+        return Rejection("malformed", problems[:500])
+
+
+def _seen(event: CompletionEvent) -> dict[str, str]:
+    return {
+        "producer": event.source,
+        "event_id": event.id,
+        "tenant": event.tenant,
+        "type": event.type,
+        "correlation_id": event.correlationid,
+    }
+
+
+def _check_signature(
+    record: RawRecord, view: View, event: CompletionEvent, producer: Producer, policy: Policy
+) -> Rejection | None:
+    webhook_id = view.reserved.get(b"webhook-id")
+    timestamp = view.reserved.get(b"webhook-timestamp")
+    signature = view.reserved.get(b"webhook-signature")
+    if not (webhook_id and timestamp and signature):
+        return Rejection(
+            "bad_signature", "webhook-id, webhook-timestamp and webhook-signature are required"
+        )
+    if not hmac.compare_digest(webhook_id, event.id.encode()):
+        return Rejection("bad_signature", "webhook-id differs from the CloudEvent id")
+    if not _UNIX_SECONDS.fullmatch(timestamp):
+        return Rejection("bad_signature", "webhook-timestamp must be Unix seconds (1-12 digits)")
+    arrived = record.arrived_at.astimezone(UTC).timestamp()
+    skew = abs(arrived - int(timestamp))
+    tolerance = policy.timestamp_tolerance.total_seconds()
+    if skew > tolerance:
+        return Rejection(
+            "expired_timestamp",
+            f"webhook-timestamp is {skew:.0f}s from the record's arrival; the tolerance is "
+            f"{tolerance:.0f}s",
+        )
+    try:
+        offered = offered_signatures(signature, policy.max_signatures)
+    except TooManySignatures as exc:
+        return Rejection("limit_exceeded", str(exc))
+    value = record.value or b""
+    content = value if view.structured else binary_content(view.reserved, value)
+    if verify(offered, signed_bytes(webhook_id, timestamp, content), producer.keys) is None:
+        return Rejection("bad_signature", "no signature matches an active key of the producer")
+    return None
+
+
+def _check_allowed(
+    event: CompletionEvent, producer: Producer | None, registry: Registry
+) -> Rejection | None:
+    if producer is not None:
+        if not producer.may_speak_for(event.tenant):
+            return Rejection(
+                "tenant_not_allowed",
+                f"producer {event.source!r} may not send events for tenant {event.tenant!r}",
+            )
+        if not producer.may_send(event.type):
+            return Rejection(
+                "type_not_allowed",
+                f"producer {event.source!r} may not send events of type {event.type!r}",
+            )
+    validator = registry.schemas.get(event.type)
+    if validator is not None:
+        error = next(iter(validator.iter_errors(event.data)), None)
+        if error is not None:
+            where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+            return Rejection("schema_invalid", f"data at {where}: {error.message}"[:500])
+    return None

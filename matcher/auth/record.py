@@ -1,0 +1,306 @@
+"""One canonical reading of a record: which mode, which attributes, which data.
+
+A record is (key, headers, value) as a transport delivered it. The reading is defined on
+exact bytes, and everything that another reader could take differently is refused:
+
+- the headers the gate reads are ``content-type``, ``webhook-id``, ``webhook-timestamp``,
+  ``webhook-signature`` and every ``ce_<attribute>``, spelled exactly so (lowercase ASCII).
+  One that appears twice, or a name that folds to one of them under case, Unicode
+  compatibility, spaces or ``-``/``_`` (``CE_TENANT``, ``Ce_type``, ``ce-tenant``,
+  ``content-type `` ...), makes the record *ambiguous*: the CloudEvents SDK, for one,
+  lowercases names and keeps the last, so such a record means one thing to the signature
+  and another to a reader. Other headers are ignored.
+- structured mode is exactly ``content-type: application/cloudevents+json``; it carries
+  every attribute in the value, so a ``ce_`` header beside it is *ambiguous* as well.
+- binary mode takes the attributes from ``ce_`` headers (UTF-8, non-empty) and the data
+  from the value, which must be JSON (``content-type`` a JSON media type, or absent).
+- JSON is read strictly (``matcher.auth.strict_json``).
+
+The reading keeps only the attributes matcher uses and the signature covers (see
+``matcher.auth.signatures``); other extension attributes are dropped, never stored.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from matcher.auth.strict_json import JsonRefused, loads
+from matcher.domain.events import Rejection
+
+Header = tuple[bytes, bytes | None]
+
+CONTENT_TYPE = b"content-type"
+WEBHOOK_HEADERS = (b"webhook-id", b"webhook-timestamp", b"webhook-signature")
+CE_PREFIX = b"ce_"
+STRUCTURED_MEDIA_TYPE = "application/cloudevents+json"
+
+# The attributes an event must carry, and those matcher also reads when present.
+REQUIRED = ("specversion", "id", "source", "type", "tenant", "correlationid")
+OPTIONAL = ("jobid", "time")
+_READ = (*REQUIRED, *OPTIONAL)
+
+_RESERVED = frozenset({CONTENT_TYPE, *WEBHOOK_HEADERS})
+_RESERVED_FOLDED = frozenset(
+    name.decode().replace("-", "_") for name in (CONTENT_TYPE, *WEBHOOK_HEADERS)
+)
+# CloudEvents attribute names: lowercase ASCII letters and digits.
+_ATTRIBUTE_NAME = re.compile(rb"[a-z0-9]{1,64}")
+_MEDIA_TYPE = re.compile(r"[a-z0-9][a-z0-9!#$&^_.+-]*/[a-z0-9][a-z0-9!#$&^_.+-]*")
+_RFC3339 = re.compile(
+    r"(\d{4}-\d{2}-\d{2})[Tt](\d{2}:\d{2}:\d{2})(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})"
+)
+
+
+@dataclass(frozen=True)
+class RawRecord:
+    """A record as its transport delivered it, and when it reached that transport.
+
+    ``arrived_at`` is the broker's append time for Kafka (``LogAppendTime`` topics), the
+    request's arrival for HTTP: the honest time to judge a signature's freshness against.
+    """
+
+    key: bytes | None
+    headers: tuple[Header, ...]
+    value: bytes | None
+    arrived_at: datetime
+
+
+@dataclass(frozen=True)
+class View:
+    """The one reading of an accepted-so-far record."""
+
+    structured: bool
+    reserved: dict[bytes, bytes]  # the headers the gate reads, by exact name
+    attributes: dict[str, str]  # the attributes of _READ that are present
+    data: Any = None
+    datacontenttype: str | None = None
+
+
+@dataclass
+class _Partial:
+    """What could be read before a rejection, for operators (``Rejection.seen``)."""
+
+    attributes: dict[str, Any] = field(default_factory=dict)
+
+    def reject(self, reason: str, detail: str) -> Rejection:
+        names = {
+            "source": "producer",
+            "id": "event_id",
+            "tenant": "tenant",
+            "type": "type",
+            "correlationid": "correlation_id",
+        }
+        seen = {
+            column: value[:512]
+            for attr, column in names.items()
+            if isinstance(value := self.attributes.get(attr), str) and value
+        }
+        return Rejection(reason, detail, seen)
+
+
+def folds(name: str) -> set[str]:
+    """What lenient readers might take ``name`` for: case (lowered, and uppered then
+    lowered, as Java's equalsIgnoreCase does: dotless and dotted I), width, spacing and
+    combining marks folded, '-' taken for '_'."""
+    compatible = unicodedata.normalize("NFKC", name)
+    found = set()
+    for text in (compatible.casefold(), compatible.upper().lower()):
+        decomposed = unicodedata.normalize("NFKD", text)
+        kept = "".join(ch for ch in decomposed if unicodedata.category(ch)[0] not in "CZM")
+        found.add(kept.replace("-", "_"))
+    return found
+
+
+def _looks_reserved(name: str) -> bool:
+    return any(f in _RESERVED_FOLDED or f.startswith("ce_") for f in folds(name))
+
+
+def _show(name: bytes) -> str:
+    return repr(name.decode("utf-8", "backslashreplace"))[:80]
+
+
+def reserved_headers(
+    headers: tuple[Header, ...], partial: _Partial
+) -> dict[bytes, bytes] | Rejection:
+    """The headers the gate reads, by exact name; a rejection when any is ambiguous."""
+    found: dict[bytes, bytes] = {}
+    for name, value in headers:
+        try:
+            text = name.decode("utf-8")
+        except UnicodeDecodeError:
+            return partial.reject("malformed", f"the header name {_show(name)} is not UTF-8")
+        exact = name in _RESERVED or (
+            name.startswith(CE_PREFIX) and _ATTRIBUTE_NAME.fullmatch(name, 3) is not None
+        )
+        if not exact:
+            if _looks_reserved(text):
+                return partial.reject(
+                    "ambiguous",
+                    f"the header {_show(name)} is another spelling of a header matcher "
+                    "reads; send it lowercase, exactly as named (e.g. ce_tenant)",
+                )
+            continue
+        if name in found:
+            return partial.reject("ambiguous", f"the header {_show(name)} appears twice")
+        if not value:
+            return partial.reject("malformed", f"the header {_show(name)} has no value")
+        found[name] = value
+        if name.startswith(CE_PREFIX):
+            partial.attributes[name[3:].decode()] = value.decode("utf-8", "replace")
+    return found
+
+
+def media_type(raw: bytes) -> str | Rejection:
+    """The lowercased media type of a content-type value; its parameters checked."""
+    try:
+        text = raw.decode("ascii")
+    except UnicodeDecodeError:
+        return Rejection("malformed", "content-type is not ASCII")
+    kind, *params = (part.strip() for part in text.split(";"))
+    kind = kind.lower()
+    if not _MEDIA_TYPE.fullmatch(kind):
+        return Rejection("malformed", f"content-type {text[:100]!r} is not a media type")
+    for param in params:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "charset" and value.strip().strip('"').lower() != "utf-8":
+            return Rejection("malformed", f"JSON is UTF-8; content-type says {text[:100]!r}")
+    return kind
+
+
+def is_json_media_type(kind: str) -> bool:
+    if kind.startswith("application/cloudevents"):
+        return False  # a CloudEvents format, not data
+    return kind in ("application/json", "text/json") or (
+        kind.startswith("application/") and kind.endswith("+json")
+    )
+
+
+def read_view(record: RawRecord, max_json_depth: int) -> View | Rejection:
+    """The canonical reading of ``record``, or why it has none."""
+    partial = _Partial()
+    reserved = reserved_headers(record.headers, partial)
+    if isinstance(reserved, Rejection):
+        return reserved
+    content_type = reserved.get(CONTENT_TYPE)
+    kind = None if content_type is None else media_type(content_type)
+    if isinstance(kind, Rejection):
+        return partial.reject(kind.reason, kind.detail)
+    if kind == STRUCTURED_MEDIA_TYPE:
+        return _structured(record, reserved, partial, max_json_depth)
+    if kind is not None and kind.startswith("application/cloudevents"):
+        return partial.reject(
+            "malformed", f"{kind} is not supported: send one event per record, as JSON"
+        )
+    return _binary(record, reserved, kind, partial, max_json_depth)
+
+
+def _binary(
+    record: RawRecord,
+    reserved: dict[bytes, bytes],
+    kind: str | None,
+    partial: _Partial,
+    max_json_depth: int,
+) -> View | Rejection:
+    ce = {
+        name[3:].decode(): value for name, value in reserved.items() if name.startswith(CE_PREFIX)
+    }
+    if not ce:
+        hint = f" (content-type is {kind!r})" if kind else ""
+        return partial.reject(
+            "malformed",
+            "not a CloudEvent: a binary-mode event carries its attributes in ce_ headers, and "
+            f"a structured-mode one needs content-type {STRUCTURED_MEDIA_TYPE}{hint}",
+        )
+    if "datacontenttype" in ce:
+        return partial.reject(
+            "ambiguous",
+            "binary mode carries the data's type in content-type, not ce_datacontenttype",
+        )
+    if kind is not None and not is_json_media_type(kind):
+        return partial.reject("malformed", f"data must be JSON, not {kind!r}")
+    attributes: dict[str, str] = {}
+    for name in _READ:
+        raw = ce.get(name)
+        if raw is None:
+            continue
+        try:
+            attributes[name] = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return partial.reject("malformed", f"the header ce_{name} is not UTF-8")
+    problem = _missing(attributes)
+    if problem is not None:
+        return partial.reject("malformed", problem)
+    try:
+        data = loads(record.value, max_depth=max_json_depth) if record.value else None
+    except JsonRefused as exc:
+        return partial.reject(exc.reason, f"data: {exc}")
+    return View(False, reserved, attributes, data, kind)
+
+
+def _structured(
+    record: RawRecord, reserved: dict[bytes, bytes], partial: _Partial, max_json_depth: int
+) -> View | Rejection:
+    mixed = sorted(name.decode() for name in reserved if name.startswith(CE_PREFIX))
+    if mixed:
+        return partial.reject(
+            "ambiguous",
+            f"structured mode carries every attribute in the value; {', '.join(mixed[:5])} "
+            "beside it would be a second reading",
+        )
+    try:
+        envelope = loads(record.value or b"", max_depth=max_json_depth + 1)
+    except JsonRefused as exc:
+        return partial.reject(exc.reason, f"value: {exc}")
+    if not isinstance(envelope, dict):
+        return partial.reject("malformed", "a structured-mode event must be a JSON object")
+    partial.attributes.update(envelope)
+    if "data_base64" in envelope:
+        return partial.reject("malformed", "data must be JSON, not data_base64")
+    attributes: dict[str, str] = {}
+    for name in _READ:
+        if name not in envelope:
+            continue
+        value = envelope[name]
+        if not isinstance(value, str):
+            return partial.reject("malformed", f"the attribute {name} must be a string")
+        attributes[name] = value
+    problem = _missing(attributes)
+    if problem is not None:
+        return partial.reject("malformed", problem)
+    declared = envelope.get("datacontenttype")
+    if declared is not None:
+        kind = (
+            media_type(declared.encode("utf-8", "replace")) if isinstance(declared, str) else None
+        )
+        if not isinstance(kind, str) or not is_json_media_type(kind):
+            return partial.reject("malformed", f"data must be JSON, not {str(declared)[:100]!r}")
+    return View(True, reserved, attributes, envelope.get("data"), declared)
+
+
+def _missing(attributes: dict[str, str]) -> str | None:
+    absent = [name for name in REQUIRED if not attributes.get(name)]
+    if absent:
+        return f"required attribute(s) missing or empty: {', '.join(absent)}"
+    if attributes["specversion"] != "1.0":
+        return f"specversion must be 1.0, not {attributes['specversion'][:20]!r}"
+    return None
+
+
+def parse_time(text: str) -> datetime | None:
+    """An RFC 3339 date-time (offset required), or None when ``text`` is not one."""
+    match = _RFC3339.fullmatch(text)
+    if match is None:
+        return None
+    day, clock, fraction, offset = match.groups()
+    micro = (fraction or ".0")[:7].ljust(7, "0")  # datetime holds microseconds
+    zone = "+00:00" if offset in ("Z", "z") else offset
+    try:
+        when = datetime.fromisoformat(f"{day}T{clock}{micro}{zone}")
+        when.astimezone(UTC)  # within datetime's range in UTC too (Postgres reads it back)
+    except (ValueError, OverflowError):
+        return None
+    return when

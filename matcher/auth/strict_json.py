@@ -1,0 +1,61 @@
+"""JSON read the one way every later reader will agree with, or refused.
+
+Event bytes are signed; what matcher stores and republishes is what it parsed. Where
+parsers differ (a key given twice, UTF-16 input, ``NaN``, a lone surrogate escape) the
+bytes have no single meaning, so they are refused rather than read one of the ways. The
+same goes for what Postgres' ``jsonb`` cannot hold (NUL in a string, non-finite numbers)
+and for nesting past a bound, which would otherwise cost recursion in every reader after
+us (Python's own limit is an exception in the middle of a batch, not a rejection).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from matcher.domain.events import MAX_JSON_DEPTH, unstorable
+
+
+class JsonRefused(ValueError):
+    """The bytes are not JSON that matcher accepts; ``reason`` is the rejection's code."""
+
+    def __init__(self, message: str, reason: str = "malformed") -> None:
+        super().__init__(message)
+        self.reason = reason  # malformed, ambiguous or limit_exceeded
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise JsonRefused(f"the key {key[:64]!r} appears twice in one object", "ambiguous")
+            seen.add(key)
+    return result
+
+
+def _no_constants(name: str) -> Any:
+    raise JsonRefused(f"{name} is not JSON (RFC 8259 has no non-finite numbers)")
+
+
+def loads(raw: bytes, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Parse UTF-8 JSON bytes strictly; raise ``JsonRefused`` with a readable reason."""
+    try:
+        text = raw.decode("utf-8")  # strict: no BOM sniffing, no UTF-16 (RFC 8259 §8.1)
+    except UnicodeDecodeError as exc:
+        raise JsonRefused(f"not UTF-8 (at byte {exc.start})") from None
+    try:
+        value = json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
+    except RecursionError:
+        raise JsonRefused(f"nesting deeper than {max_depth} levels", "limit_exceeded") from None
+    except JsonRefused:
+        raise
+    except ValueError as exc:  # JSONDecodeError, and integers past Python's digit limit
+        raise JsonRefused(" ".join(str(exc).split())[:200]) from None
+    problem = unstorable(value, max_depth=max_depth)
+    if problem is not None:
+        raise JsonRefused(
+            problem, "limit_exceeded" if problem.startswith("nesting") else "malformed"
+        )
+    return value
