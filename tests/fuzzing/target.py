@@ -1,0 +1,161 @@
+"""The fuzz target: one record through the gate, then through the quarantine encoding.
+
+``check_record`` raises ``AssertionError`` (or whatever the code under test raised) on a
+finding and returns None otherwise. What it holds:
+
+- the gate answers every record with a ``CompletionEvent`` or a ``Rejection`` (it never
+  raises), and a rejection's reason is one of ``REASONS``;
+- the quarantine row built from a rejection can be written: every text is UTF-8 without
+  NUL or lone surrogates, the headers JSON encodes (and has no ``\\u0000``, which jsonb
+  refuses), sizes keep to the bounds, and the headers read back as they were received;
+- an accepted event is storable: its data is JSON that jsonb holds, its identifiers are
+  text Postgres holds, and its time is an instant that Python can still read back (a
+  timestamp outside ``datetime``'s range stores, but no reader can load it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import replace
+from datetime import UTC, datetime
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+from matcher.auth.gate import judge
+from matcher.auth.policy import Policy
+from matcher.auth.record import RawRecord
+from matcher.auth.registry import Registry, parse_registry
+from matcher.domain.events import REASONS, CompletionEvent, Rejection, unstorable
+
+# The row exactly as ingest builds it (a private helper: the encoding under test).
+from matcher.store.ingest import DEFAULT_BOUNDS, IngestRecord, _quarantine_params
+from matcher.store.quarantine_rows import MAX_DETAIL, MAX_TEXT, headers_from_json
+from tests.fuzzing.records import ARRIVAL, SCHEMAS, Header, registry_toml
+
+ARRIVED_AT = datetime.fromtimestamp(ARRIVAL, UTC)
+POLICY = Policy()
+# storable_text bounds the text before escaping; an escape is at most 6 characters
+# (``\udc00``), so this is the most a bounded column can hold.
+_ESCAPE_GROWTH = 6
+_TEXT_COLUMNS = {
+    "detail": MAX_DETAIL,
+    "producer": MAX_TEXT,
+    "event_id": MAX_TEXT,
+    "tenant": MAX_TEXT,
+    "type": MAX_TEXT,
+    "correlation_id": MAX_TEXT,
+}
+_SEEN_KEYS = frozenset({"producer", "event_id", "tenant", "type", "correlation_id"})
+
+
+@cache
+def registry() -> Registry:
+    """The generator's producers with their keys, and its payload schemas."""
+    parsed = parse_registry(registry_toml(), Path("."), origin="fuzz")
+    schemas = {t: Draft202012Validator(s) for t, s in SCHEMAS.items()}
+    return replace(parsed, schemas=schemas)
+
+
+def judge_record(
+    key: bytes | None, headers: tuple[Header, ...], value: bytes | None
+) -> CompletionEvent | Rejection:
+    return judge(RawRecord(key, headers, value, ARRIVED_AT), registry(), POLICY)
+
+
+def check_record(key: bytes | None, headers: tuple[Header, ...], value: bytes | None) -> None:
+    """Run the gate on (key, headers, value) and check what it answers (module docstring)."""
+    verdict = judge_record(key, headers, value)
+    if isinstance(verdict, CompletionEvent):
+        check_accepted(verdict)
+    elif isinstance(verdict, Rejection):
+        check_rejection(verdict)
+        check_quarantine_row(key, headers, value, verdict)
+    else:
+        raise AssertionError(f"the gate answered {type(verdict).__name__}: {verdict!r}")
+
+
+def reproducer(key: bytes | None, headers: tuple[Header, ...], value: bytes | None) -> str:
+    """The failing input as Python source: paste it into a test to replay it."""
+    lines = ["check_record(", f"    key={key!r},", "    headers=("]
+    lines += [f"        ({name!r}, {v!r})," for name, v in headers]
+    lines += ["    ),", f"    value={value!r},", ")"]
+    return "\n".join(lines)
+
+
+def _storable(text: object, what: str) -> None:
+    assert isinstance(text, str), f"{what} is {type(text).__name__}, not text"
+    text.encode("utf-8")  # raises on a lone surrogate
+    assert "\x00" not in text, f"{what} holds NUL: {text[:200]!r}"
+
+
+def check_accepted(event: CompletionEvent) -> None:
+    assert unstorable(event.data) is None, unstorable(event.data)
+    json.dumps(event.data, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    for name in ("id", "source", "type", "tenant", "correlationid", "jobid"):
+        value = getattr(event, name)
+        if value is not None:
+            _storable(value, f"the event's {name}")
+    if event.time is not None:
+        # Postgres stores any instant, but a reader gets it back in UTC; past year 9999 or
+        # before year 1 there, Python (psycopg, pydantic) cannot load it.
+        try:
+            event.time.astimezone(UTC)
+        except OverflowError:
+            raise AssertionError(
+                f"accepted time {event.time.isoformat()} is outside datetime's range in UTC"
+            ) from None
+    event.model_dump_json()
+
+
+def check_rejection(rejection: Rejection) -> None:
+    assert rejection.reason in REASONS, f"unknown reason {rejection.reason!r}"
+    assert isinstance(rejection.detail, str), rejection
+    assert set(rejection.seen) <= _SEEN_KEYS, rejection.seen
+
+
+def check_quarantine_row(
+    key: bytes | None, headers: tuple[Header, ...], value: bytes | None, rejection: Rejection
+) -> None:
+    record = IngestRecord("t", 0, 0, key, value, headers, rejection, ARRIVED_AT)
+    row = {name: column[0] for name, column in _quarantine_params([record], DEFAULT_BOUNDS).items()}
+    assert row["reason"] == rejection.reason
+    for column, limit in _TEXT_COLUMNS.items():
+        if row[column] is not None:
+            _storable(row[column], column)
+            assert len(row[column]) <= limit * _ESCAPE_GROWTH, (column, len(row[column]))
+    _check_headers_json(row["headers"].obj, headers)
+    _check_sizes(row, key, value)
+
+
+def _check_headers_json(stored: Any, headers: tuple[Header, ...]) -> None:
+    bounds = DEFAULT_BOUNDS
+    text = json.dumps(stored, ensure_ascii=False)
+    text.encode("utf-8")  # raises on a lone surrogate, which jsonb refuses
+    assert "\\u0000" not in text, "the headers JSON holds \\u0000, which jsonb refuses"
+    assert "\\u0000" not in json.dumps(stored), "jsonb refuses \\u0000 however it is sent"
+    assert len(stored) <= bounds.headers
+    back = headers_from_json(stored)
+    assert back == headers[: len(back)], "the stored headers do not read back as received"
+    assert sum(len(n) + len(v or b"") for n, v in back) <= bounds.header_bytes
+
+
+def _check_sizes(row: dict[str, Any], key: bytes | None, value: bytes | None) -> None:
+    bounds = DEFAULT_BOUNDS
+    if key is None:
+        assert row["key"] is None
+    else:
+        assert row["key"] == key[: bounds.header_bytes]
+    if value is None:
+        assert (row["value"], row["size"], row["sha256"]) == (None, None, None)
+        return
+    assert row["size"] == len(value)
+    assert row["sha256"] == hashlib.sha256(value).digest()
+    if len(value) <= bounds.value_bytes:
+        assert row["value"] == value, "a value within the limit must be kept whole"
+    else:
+        assert row["truncated"], "a value past the limit is kept as a truncated prefix"
+        assert row["value"] == value[: bounds.prefix_bytes]

@@ -1,0 +1,78 @@
+"""The gate fuzzed under hypothesis: structure-aware records and raw bytes.
+
+Each example goes through ``tests.fuzzing.target.check_record``: the gate must answer
+every record with an event or a reason, and what it rejects must make a quarantine row
+that Postgres takes. Bounded for ``make test``; ``MATCHER_TEST_FUZZ_EXAMPLES`` sets the
+number of structure-aware examples (raw-bytes examples are two thirds of it). The long
+run is ``python -m tests.fuzzing.campaign``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
+from matcher_producer import CompletionEvent as ProducerEvent
+from matcher_producer import encode, sign_record
+
+from tests.fuzzing.choosers import HypothesisChooser
+from tests.fuzzing.records import ARRIVAL, PRODUCERS, RESERVED_NAMES, Record, fuzz_record
+from tests.fuzzing.target import check_record, reproducer
+
+STRUCTURED_EXAMPLES = int(os.environ.get("MATCHER_TEST_FUZZ_EXAMPLES", "3000"))
+RAW_EXAMPLES = max(1, STRUCTURED_EXAMPLES * 2 // 3)
+
+# Examples draw hundreds of decisions and some build megabyte values on purpose; neither
+# is a problem of the test.
+_FUZZ = settings(
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+_names = st.one_of(st.sampled_from(RESERVED_NAMES), st.binary(max_size=24))
+_values = st.one_of(st.none(), st.binary(max_size=64))
+_raw_records = st.builds(
+    Record,
+    key=st.one_of(st.none(), st.binary(max_size=32)),
+    headers=st.lists(st.tuples(_names, _values), max_size=8).map(tuple),
+    value=st.one_of(st.none(), st.binary(max_size=512)),
+)
+
+
+@settings(_FUZZ, max_examples=STRUCTURED_EXAMPLES)
+@given(st.data())
+def test_structure_aware_records(data: st.DataObject) -> None:
+    _check(fuzz_record(HypothesisChooser(data)))
+
+
+@settings(_FUZZ, max_examples=RAW_EXAMPLES)
+@given(_raw_records)
+def test_raw_records(record: Record) -> None:
+    _check(record)
+
+
+def _check(record: Record) -> None:
+    try:
+        check_record(record.key, record.headers, record.value)
+    except BaseException:
+        note(reproducer(record.key, record.headers, record.value))  # shown for the minimal one
+        raise
+
+
+@pytest.mark.parametrize("time", [b"9999-12-31T23:59:59-01:00", b"0001-01-01T00:00:00+01:00"])
+def test_signed_time_outside_datetime_range(time: bytes) -> None:
+    """The first finding, kept as its minimal case: a registered producer's ``time`` that
+    parses, but whose instant in UTC is after year 9999 or before year 1. Postgres stores
+    it (year 10000, or 1 BC); psycopg cannot load it back, and the resume's occurred_at
+    becomes ``10000-01-01T00:59:59.000000Z``, which ``parse_resume`` refuses."""
+    event = ProducerEvent(
+        source="ed-svc", type="job.completed", tenant="acme", correlation_id="c", id="e1"
+    )
+    record = encode(event)
+    headers = [(n, time if n == "ce_time" else v) for n, v in record.headers]
+    key = PRODUCERS[1].keys[0].signing
+    signed = sign_record(replace(record, headers=headers), "e1", [key], timestamp=ARRIVAL)
+    check_record(signed.key, tuple((n.encode(), v) for n, v in signed.headers), signed.value)
