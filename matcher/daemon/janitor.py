@@ -1,4 +1,5 @@
-"""The janitor: pending events past the retention expire; days past the window are dropped.
+"""The janitor: pending events past the retention expire; days past the window are dropped;
+quarantined records past theirs are deleted.
 
 The inbox is partitioned by day of arrival. A day is dropped whole once all of it is
 older than retention + purge window (the dedupe window), so purging costs the same at any
@@ -71,20 +72,32 @@ async def drop_expired_days(settings: Settings) -> int:
     return purged
 
 
+async def _in_batches(conn: psycopg.AsyncConnection[Any], name: str, params: dict[str, Any]) -> int:
+    """Run the janitor statement ``name`` until it touches fewer rows than its limit."""
+    total = 0
+    while True:
+        async with conn.transaction():
+            cur = await conn.execute(query("janitor", name), params)
+            count = cur.rowcount
+        total += count
+        if count < params["limit"]:
+            return total
+
+
 async def tidy_once(
     pool: AsyncConnectionPool, settings: Settings, limit: int = 5000
 ) -> tuple[int, int]:
-    """Expire in batches, create the coming days, drop the expired ones: (expired, purged)."""
-    expired = 0
-    params = {"retention": settings.inbox_retention, "limit": limit}
+    """Expire in batches, purge old quarantine rows, create the coming days, drop the
+    expired ones: (expired, purged inbox rows)."""
     async with pool.connection() as conn:
-        while True:
-            async with conn.transaction():
-                cur = await conn.execute(query("janitor", "expire_pending"), params)
-                count = cur.rowcount
-            expired += count
-            if count < limit:
-                break
+        expired = await _in_batches(
+            conn, "expire_pending", {"retention": settings.inbox_retention, "limit": limit}
+        )
+        dropped = await _in_batches(
+            conn, "purge_quarantine", {"retention": settings.quarantine_retention, "limit": limit}
+        )
+        if dropped:
+            log.info("quarantine purged", extra={"records": dropped})
         await ensure_days(conn)
     return expired, await drop_expired_days(settings)
 

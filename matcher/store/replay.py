@@ -5,24 +5,35 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 
+from matcher.auth.record import RawRecord
 from matcher.domain.events import CompletionEvent, Rejection
-from matcher.store.ingest import IngestRecord, headers_from_json, store_batch
+from matcher.store.ingest import IngestRecord, store_batch
+from matcher.store.quarantine_rows import MAX_DETAIL, headers_from_json, storable_text
 from matcher.store.sql import query
 
-Judge = Callable[[list[tuple[str, bytes]], bytes | None, bytes | None, datetime], Any]
+Judge = Callable[[RawRecord], CompletionEvent | Rejection]
 
 
 @dataclass(frozen=True)
 class ReplayOutcome:
     id: int
-    result: str  # accepted, duplicate, or the reason it is still rejected
+    result: str  # accepted, duplicate, not_replayable, or the reason it is still rejected
     detail: str = ""
+
+
+def _raw(row: dict[str, Any]) -> RawRecord:
+    return RawRecord(
+        key=bytes(row["kafka_key"]) if row["kafka_key"] is not None else None,
+        headers=headers_from_json(row["headers"]),
+        value=bytes(row["raw_value"]) if row["raw_value"] is not None else None,
+        # Judged against the same arrival as the first time (older rows: when quarantined).
+        arrived_at=row["arrived_at"] or row["received_at"],
+    )
 
 
 async def replay(
@@ -34,9 +45,8 @@ async def replay(
 ) -> list[ReplayOutcome]:
     """Replay one record (by id) or every unreplayed record with ``reason``.
 
-    ``judge(headers, key, value, at)`` is the daemon's gate; ``at`` is when the record
-    first arrived, so a replay is judged as the event would have been, had the registry
-    been right at the time (a signature's timestamp tolerance included).
+    ``judge`` is the daemon's gate with the current registry and policy. A record is judged
+    against its original arrival, so a signature that was fresh when it arrived still is.
     """
     outcomes: list[ReplayOutcome] = []
     async with conn.transaction():
@@ -45,26 +55,32 @@ async def replay(
             query("quarantine", "for_replay"), {"id": quarantine_id, "reason": reason}
         )
         for row in await cur.fetchall():
-            headers = headers_from_json(row["headers"])
-            key = bytes(row["kafka_key"]) if row["kafka_key"] is not None else None
-            value = bytes(row["raw_value"]) if row["raw_value"] is not None else None
-            verdict = judge(headers, key, value, row["received_at"])
+            if row["raw_truncated"]:
+                detail = "only a prefix of the record was kept (it was over the size limits)"
+                outcomes.append(ReplayOutcome(row["id"], "not_replayable", detail))
+                continue
+            raw = _raw(row)
+            verdict = judge(raw)
             if isinstance(verdict, Rejection):
                 await conn.execute(
                     query("quarantine", "note_rejection"),
-                    {"id": row["id"], "reason": verdict.reason, "detail": verdict.detail},
+                    {
+                        "id": row["id"],
+                        "reason": verdict.reason,
+                        "detail": storable_text(verdict.detail, MAX_DETAIL),
+                    },
                 )
                 outcomes.append(ReplayOutcome(row["id"], verdict.reason, verdict.detail))
                 continue
-            assert isinstance(verdict, CompletionEvent)
             record = IngestRecord(
                 row["kafka_topic"],
                 row["kafka_partition"],
                 row["kafka_offset"],
-                key,
-                value,
-                headers,
+                raw.key,
+                raw.value,
+                raw.headers,
                 verdict,
+                raw.arrived_at,
             )
             stored = await store_batch(conn, [record])
             result = "accepted" if stored.accepted else "duplicate"

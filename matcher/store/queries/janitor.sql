@@ -13,6 +13,17 @@ FROM due
 WHERE i.producer = due.producer AND i.event_id = due.event_id
   AND i.received_at = due.received_at AND i.status = 'pending';
 
+-- name: purge_quarantine
+-- Quarantined records past MATCHER_QUARANTINE_RETENTION, oldest first, a bounded batch at
+-- a time (a flood of hostile records must not become one long delete).
+DELETE FROM matcher.quarantine
+WHERE id IN (
+    SELECT id FROM matcher.quarantine
+    WHERE received_at < now() - %(retention)s::interval
+    ORDER BY received_at
+    LIMIT %(limit)s
+);
+
 -- name: ensure_partitions
 -- Days are created ahead of need, so an insert never finds its day missing.
 SELECT matcher.ensure_inbox_partitions(now(), now() + %(ahead)s::interval);

@@ -1,8 +1,8 @@
 -- name: for_replay
 -- Records not yet replayed successfully: one by id, or all with a reason. Locked, so two
 -- concurrent replays cannot both store the same record.
-SELECT id, received_at, kafka_topic, kafka_partition, kafka_offset, kafka_key, raw_value,
-       headers
+SELECT id, received_at, arrived_at, kafka_topic, kafka_partition, kafka_offset, kafka_key,
+       raw_value, headers, raw_truncated
 FROM matcher.quarantine
 WHERE replayed_at IS NULL
   AND (%(id)s::bigint IS NULL OR id = %(id)s)

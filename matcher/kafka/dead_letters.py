@@ -1,0 +1,114 @@
+"""The dead-letter copy: rejected records also go to ``MATCHER_DEAD_LETTER_TOPIC``.
+
+The quarantine row is the durable record of a rejection; this copy is a convenience for
+tools that watch a topic. So it must never hold ingest up: ingest hands records over
+without waiting (a bounded queue; when it is full the copy is dropped and counted), and
+one task sends them, every Kafka call bounded in time, reconnecting after failures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from matcher import metrics
+from matcher.config import Settings
+from matcher.domain.events import Rejection
+from matcher.store.ingest import IngestRecord
+
+log = logging.getLogger("matcher.dead_letters")
+
+QUEUE_MAX = 10_000
+CALL_TIMEOUT_S = 15.0
+
+
+def _headers(record: IngestRecord, rejection: Rejection) -> list[tuple[str, bytes]]:
+    # Names that are not UTF-8 cannot be sent by the client; they are in the quarantine row.
+    kept = [
+        (name.decode(), value or b"")
+        for name, value in record.headers
+        if name.isascii() or _is_utf8(name)
+    ]
+    return [
+        *kept,
+        ("matcher-reason", rejection.reason.encode()),
+        ("matcher-detail", rejection.detail.encode("utf-8", "backslashreplace")[:1000]),
+        ("matcher-origin", f"{record.topic}/{record.partition}/{record.offset}".encode()),
+    ]
+
+
+def _is_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+class DeadLetters:
+    def __init__(self, settings: Settings, topic: str) -> None:
+        self._settings = settings
+        self._topic = topic
+        self._queue: asyncio.Queue[IngestRecord] = asyncio.Queue(QUEUE_MAX)
+
+    def offer(self, records: Sequence[IngestRecord]) -> None:
+        """Queue copies of rejected records; never waits."""
+        for record in records:
+            try:
+                self._queue.put_nowait(record)
+            except asyncio.QueueFull:
+                metrics.DEAD_LETTERS_DROPPED.inc()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Send until ``stop`` is set and the queue is drained (or a last attempt failed)."""
+        delay = 0.5
+        while not (stop.is_set() and self._queue.empty()):
+            producer = AIOKafkaProducer(
+                **self._settings.kafka_client_options(),
+                enable_idempotence=True,
+                acks="all",
+                request_timeout_ms=int(CALL_TIMEOUT_S * 1000),
+            )
+            try:
+                async with asyncio.timeout(CALL_TIMEOUT_S):
+                    await producer.start()
+                await self._send_until_stopped(producer, stop)
+                delay = 0.5
+            except (TimeoutError, KafkaError, OSError) as exc:
+                log.warning("dead-letter copy failed", extra={"error": repr(exc)})
+                if stop.is_set():
+                    break
+            finally:
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(CALL_TIMEOUT_S):
+                        await producer.stop()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+            delay = min(delay * 2, 10.0)
+        if not self._queue.empty():
+            log.warning("dead-letter copies not sent", extra={"records": self._queue.qsize()})
+
+    async def _send_until_stopped(self, producer: AIOKafkaProducer, stop: asyncio.Event) -> None:
+        while not (stop.is_set() and self._queue.empty()):
+            try:
+                record = await asyncio.wait_for(self._queue.get(), 0.5)
+            except TimeoutError:
+                continue
+            rejection = record.parsed
+            assert isinstance(rejection, Rejection)
+            try:
+                async with asyncio.timeout(CALL_TIMEOUT_S):
+                    await producer.send_and_wait(
+                        self._topic,
+                        record.value,
+                        key=record.key,
+                        headers=_headers(record, rejection),
+                    )
+            except BaseException:
+                metrics.DEAD_LETTERS_DROPPED.inc()
+                raise

@@ -1,0 +1,112 @@
+"""Quarantine rows built from hostile records, so that writing them cannot fail.
+
+Everything in a rejected record is attacker-chosen: header names and values (any bytes),
+attribute text (NUL, lone surrogates, control characters), a value of any size. The row
+keeps what an operator needs and a replay can use, within bounds:
+
+- the value whole when it is within the gate's limit (so a replay sees the same bytes),
+  otherwise a prefix, with the size and SHA-256 of the whole and ``raw_truncated`` set
+  (such a row cannot be replayed; the digest still identifies the record);
+- headers as JSON, each name and value as text when it is UTF-8 without NUL, else base64;
+  at most ``Bounds.headers`` of them and ``Bounds.header_bytes`` in all;
+- text columns (detail, and the attributes read despite the failure) with NUL and lone
+  surrogates escaped, bounded in length.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+Header = tuple[bytes, bytes | None]  # a name and a value as received, both bytes
+
+MAX_TEXT = 512
+MAX_DETAIL = 1000
+
+
+@dataclass(frozen=True)
+class Bounds:
+    value_bytes: int = 1024 * 1024  # the gate's limit: a value up to it is kept whole
+    prefix_bytes: int = 4096  # what is kept of a larger one
+    header_bytes: int = 16 * 1024
+    headers: int = 64
+
+
+def storable_text(text: str | None, limit: int = MAX_TEXT) -> str | None:
+    """``text`` as Postgres can store it: NUL and lone surrogates escaped, bounded."""
+    if text is None:
+        return None
+    safe = text[:limit].encode("utf-8", "backslashreplace").decode("utf-8")
+    return safe.replace("\x00", "\\x00")
+
+
+def _field(raw: bytes, text_key: str, binary_key: str) -> dict[str, str]:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None and "\x00" not in text:
+        return {text_key: text}
+    return {binary_key: base64.b64encode(raw).decode()}
+
+
+def headers_to_json(
+    headers: tuple[Header, ...], bounds: Bounds
+) -> tuple[list[dict[str, Any]], bool]:
+    """The headers as JSON (lossless within the bounds), and whether any were cut."""
+    out: list[dict[str, Any]] = []
+    budget = bounds.header_bytes
+    for name, value in headers[: bounds.headers]:
+        size = len(name) + len(value or b"")
+        if size > budget:
+            return out, True
+        budget -= size
+        entry: dict[str, Any] = _field(name, "name", "name_base64")
+        entry.update({"value": None} if value is None else _field(value, "value", "base64"))
+        out.append(entry)
+    return out, len(headers) > bounds.headers
+
+
+def headers_from_json(stored: list[dict[str, Any]]) -> tuple[Header, ...]:
+    """The headers as they were received (the inverse of ``headers_to_json``)."""
+
+    def part(entry: dict[str, Any], text_key: str, binary_key: str) -> bytes | None:
+        if binary_key in entry:
+            return base64.b64decode(entry[binary_key])
+        text = entry.get(text_key)
+        return None if text is None else str(text).encode()
+
+    return tuple(
+        (part(entry, "name", "name_base64") or b"", part(entry, "value", "base64"))
+        for entry in stored
+    )
+
+
+@dataclass(frozen=True)
+class BoundedRecord:
+    """What a quarantine row keeps of a record."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: list[dict[str, Any]]
+    size: int | None
+    sha256: bytes | None
+    truncated: bool
+
+
+def bounded(
+    key: bytes | None, headers: tuple[Header, ...], value: bytes | None, bounds: Bounds
+) -> BoundedRecord:
+    stored_headers, headers_cut = headers_to_json(headers, bounds)
+    value_cut = value is not None and len(value) > bounds.value_bytes
+    key_cut = key is not None and len(key) > bounds.header_bytes
+    return BoundedRecord(
+        key=key[: bounds.header_bytes] if key is not None else None,
+        value=value[: bounds.prefix_bytes] if value_cut and value is not None else value,
+        headers=stored_headers,
+        size=None if value is None else len(value),
+        sha256=None if value is None else hashlib.sha256(value).digest(),
+        truncated=value_cut or headers_cut or key_cut,
+    )
