@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import psycopg
 
 from matcher.config import Settings
-from matcher.domain.explain import ExplainFacts, Explanation, explain
+from matcher.domain.explain import Explanation, explain
 from matcher.kafka.lag import group_lag, partition_for
 from matcher.store.explain import gather
 
@@ -32,7 +33,8 @@ async def explain_run(
     ask_kafka: bool = True,
 ) -> Explanation:
     """Raises ``UnknownRun`` or ``AmbiguousRun`` (from matcher.store.explain)."""
-    wait, events, quarantined, outbox, now = await gather(conn, run_id, tenant)
+    facts = await gather(conn, run_id, tenant)
+    wait = facts.wait
     if lag is None and ask_kafka and wait.state == "waiting":
         lag = await group_lag(
             settings.kafka_client_options(), settings.consumer_group, settings.events_topic
@@ -40,13 +42,4 @@ async def explain_run(
     partition = None
     if lag:
         partition = partition_for(wait.tenant, wait.correlation_id, len(lag))
-    facts = ExplainFacts(
-        now=now,
-        wait=wait,
-        events=events,
-        quarantined=quarantined,
-        outbox=outbox,
-        partition=partition,
-        lag=lag,
-    )
-    return explain(facts)
+    return explain(dataclasses.replace(facts, partition=partition, lag=lag))

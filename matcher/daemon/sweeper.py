@@ -10,9 +10,9 @@ from collections.abc import Callable
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from matcher.admin.metrics import TIMEOUTS
 from matcher.config import Settings
 from matcher.daemon.faults import crash_point
+from matcher.metrics import TIMEOUTS
 from matcher.store.sql import query
 
 log = logging.getLogger("matcher.sweeper")

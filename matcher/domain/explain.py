@@ -102,6 +102,8 @@ class ExplainFacts:
     outbox: OutboxFacts | None = None
     partition: int | None = None  # where this wait's events land
     lag: dict[int, int] | None = None  # per partition; None: Kafka could not be asked
+    # Since when the wait's key waits for the rematch pass; None: it does not.
+    rematch_queued_since: datetime | None = None
 
 
 @dataclass
@@ -150,7 +152,10 @@ _QUARANTINE_WORDS = {
     "unknown_producer": "producer {p} is not registered",
     "schema_invalid": "its payload failed the JSON Schema of type {y}",
     "malformed": "it is not a valid completion event",
+    "ambiguous": "it could be read more than one way (a header twice or spelled otherwise)",
+    "limit_exceeded": "it was past a structural limit (nesting, headers or signatures)",
     "too_large": "it was too large",
+    "undecodable": "the Kafka client could not decode it",
 }
 
 
@@ -188,6 +193,21 @@ def explain(facts: ExplainFacts) -> Explanation:
         reasons.append(f"the deadline passed {behind}s ago but the sweeper has not timed it out")
         evidence["sweeper_behind_s"] = behind
         verdicts.append(Verdict.BACKLOG)
+
+    if facts.rematch_queued_since is not None:
+        queued = max(0.0, _age(facts.now, facts.rematch_queued_since))
+        evidence["rematch_queued_s"] = queued
+        matching = [
+            e
+            for e in facts.events
+            if e.status == "pending" and e.tenant == wait.tenant and e.type in wait.event_types
+        ]
+        if matching:  # only then is the pass what the wait is waiting for
+            reasons.append(
+                f"{len(matching)} stored event(s) match, but the wait has not been checked "
+                f"against stored events yet: queued for the daemon's rematch pass {queued}s ago"
+            )
+            verdicts.append(Verdict.BACKLOG)
 
     mismatches: list[dict[str, Any]] = []
     for e in facts.events:

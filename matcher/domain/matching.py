@@ -10,13 +10,16 @@ The rules (the same ones registration applies from the other side):
   by at most one event;
 - an event that matches no waiting wait but matches a wait that timed out or was
   cancelled is *late*, linked to the most recently resolved such wait;
-- anything else stays *pending* for a wait that may be registered later.
+- anything else stays *pending* for a wait that may be registered later;
+- an event whose key is *deferred* stays pending here: the rematch loop decides it, with
+  the same rules, once the key is free (its waits were busy, or not yet checked against
+  the stored events).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -103,11 +106,13 @@ def decide_batch(
     events: Sequence[NewEvent],
     stored: Iterable[EventKey],
     waits: Iterable[WaitView],
+    deferred: Collection[Key] = (),
 ) -> BatchDecision:
     """Decide what each event of a batch does, given what is already stored.
 
     ``stored`` holds the (producer, event id) pairs of the batch already in the inbox;
-    ``waits`` holds every wait (any state) on the batch's keys.
+    ``waits`` holds every wait (any state) on the batch's keys; events of ``deferred``
+    keys are only stored (pending), their matching left for later.
     """
     seen: set[EventKey] = set(stored)
     waiting: dict[Key, list[WaitView]] = defaultdict(list)
@@ -126,6 +131,9 @@ def decide_batch(
             decision.duplicates.append(event)
             continue
         seen.add(event.event_key)
+        if event.key in deferred:
+            decision.placements.append(Placement(event, InboxStatus.PENDING))
+            continue
         candidates = waiting.get(event.key, [])
         taken = next((w for w in candidates if event.type in w.event_types), None)
         if taken is not None:

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 
-from matcher.domain.explain import EventFacts, OutboxFacts, QuarantineFacts, WaitFacts
+from matcher.domain.explain import (
+    EventFacts,
+    ExplainFacts,
+    OutboxFacts,
+    QuarantineFacts,
+    WaitFacts,
+)
 from matcher.store.sql import query
 
 
@@ -24,8 +29,9 @@ class AmbiguousRun(LookupError):
 
 async def gather(
     conn: psycopg.AsyncConnection[Any], run_id: str, tenant: str | None
-) -> tuple[WaitFacts, list[EventFacts], list[QuarantineFacts], OutboxFacts | None, datetime]:
-    """The run's latest wait and everything bearing on it, in one read-only snapshot."""
+) -> ExplainFacts:
+    """The run's latest wait and everything in Postgres bearing on it, in one read-only
+    snapshot (the Kafka facts, partition and lag, are the caller's to add)."""
     async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
         await cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         await cur.execute(query("explain", "waits_of_run"), {"run_id": run_id, "tenant": tenant})
@@ -44,7 +50,17 @@ async def gather(
         await cur.execute(query("explain", "outbox_of_wait"), {"wait_id": wait.id})
         row = await cur.fetchone()
         outbox = OutboxFacts(**row) if row else None
-        await cur.execute("SELECT now() AS now")
+        await cur.execute(
+            query("explain", "rematch_of_key"),
+            {"tenant": wait.tenant, "correlation_id": wait.correlation_id},
+        )
         now_row = await cur.fetchone()
         assert now_row is not None
-    return wait, events, quarantined, outbox, now_row["now"]
+    return ExplainFacts(
+        now=now_row["now"],
+        wait=wait,
+        events=events,
+        quarantined=quarantined,
+        outbox=outbox,
+        rematch_queued_since=now_row["queued_since"],
+    )

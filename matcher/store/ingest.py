@@ -8,10 +8,10 @@ it needs and writes what it decided.
 
 from __future__ import annotations
 
-import base64
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, fields
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -21,27 +21,40 @@ from matcher.domain.events import CompletionEvent, Rejection
 from matcher.domain.matching import (
     BatchDecision,
     InboxStatus,
+    Key,
     NewEvent,
+    Placement,
     WaitView,
     decide_batch,
 )
 from matcher.domain.waits import WaitState
+from matcher.store.quarantine_rows import (
+    MAX_DETAIL,
+    Bounds,
+    Header,
+    bounded,
+    storable_text,
+)
 from matcher.store.sql import query
+
+DEFAULT_BOUNDS = Bounds()
+AsyncConn = psycopg.AsyncConnection[tuple[Any, ...]]
 
 log = logging.getLogger("matcher.ingest")
 
 
 @dataclass(frozen=True)
 class IngestRecord:
-    """One Kafka record of a batch and what parsing made of it."""
+    """One record of a batch, where it was read, and what the gate made of it."""
 
     topic: str
     partition: int
     offset: int
     key: bytes | None
     value: bytes | None
-    headers: Sequence[tuple[str, bytes | None]]
+    headers: tuple[Header, ...]
     parsed: CompletionEvent | Rejection
+    arrived_at: datetime | None = None  # what freshness was judged against
 
 
 @dataclass
@@ -52,6 +65,13 @@ class BatchResult:
     late: int = 0
     pending: int = 0
     quarantined: int = 0
+    # The records quarantined, with their rejections (the gate's, or the database's).
+    rejected: list[IngestRecord] = field(default_factory=list)
+
+    def __add__(self, other: BatchResult) -> BatchResult:
+        return BatchResult(
+            *(getattr(self, f.name) + getattr(other, f.name) for f in fields(BatchResult))
+        )
 
 
 class ConcurrentInsert(Exception):
@@ -63,39 +83,6 @@ class ConcurrentInsert(Exception):
     """
 
 
-def _text(value: str | None) -> str | None:
-    # Quarantine must store anything, and Postgres text cannot hold NUL.
-    return None if value is None else value.replace("\x00", "\\x00")
-
-
-def headers_to_json(headers: Sequence[tuple[str, bytes | None]]) -> list[dict[str, str]]:
-    """Headers as JSON, losslessly: text when it is UTF-8 without NUL, else base64."""
-    out: list[dict[str, str]] = []
-    for name, value in headers:
-        raw = value or b""
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            text = None
-        entry = {"name": _text(name) or ""}
-        if text is not None and "\x00" not in text:
-            entry["value"] = text
-        else:
-            entry["base64"] = base64.b64encode(raw).decode()
-        out.append(entry)
-    return out
-
-
-def headers_from_json(stored: list[dict[str, str]]) -> list[tuple[str, bytes]]:
-    return [
-        (
-            h["name"],
-            base64.b64decode(h["base64"]) if "base64" in h else h.get("value", "").encode(),
-        )
-        for h in stored
-    ]
-
-
 def _new_events(records: Sequence[IngestRecord]) -> list[NewEvent]:
     events: list[NewEvent] = []
     for record in records:
@@ -105,9 +92,13 @@ def _new_events(records: Sequence[IngestRecord]) -> list[NewEvent]:
     return events
 
 
-def _wait_views(rows: list[tuple[Any, ...]]) -> list[WaitView]:
-    return [
-        WaitView(
+def wait_views(rows: list[tuple[Any, ...]]) -> tuple[list[WaitView], set[Key]]:
+    """The rows of ``waits_for_keys`` as views, and the keys of the busy ones (locked by
+    another transaction: their matching is left to the rematch loop)."""
+    views: list[WaitView] = []
+    busy: set[Key] = set()
+    for row in rows:
+        view = WaitView(
             id=row[0],
             tenant=row[1],
             correlation_id=row[2],
@@ -116,8 +107,50 @@ def _wait_views(rows: list[tuple[Any, ...]]) -> list[WaitView]:
             created_at=row[5],
             resolved_at=row[6],
         )
-        for row in rows
-    ]
+        views.append(view)
+        if row[7]:
+            busy.add(view.key)
+    return views, busy
+
+
+def key_arrays(keys: Iterable[Key]) -> dict[str, list[str]]:
+    pairs = list(keys)
+    return {"tenant": [t for t, _ in pairs], "correlation_id": [c for _, c in pairs]}
+
+
+async def queue_for_rematch(conn: AsyncConn, keys: Iterable[Key], after_s: float = 0.0) -> None:
+    """Leave ``keys`` to the rematch loop (it is woken when the caller commits)."""
+    params: dict[str, Any] = key_arrays(keys)
+    if params["tenant"]:
+        await conn.execute(
+            query("ingest", "queue_keys"), params | {"after": timedelta(seconds=after_s)}
+        )
+
+
+async def resolve_by_events(
+    conn: AsyncConn, resolutions: Sequence[Placement], received_at: Sequence[datetime | None]
+) -> Any:
+    """Resolve the waits of ``resolutions`` (outbox rows included); the caller checks the
+    count the returned cursor yields, once its pipeline has synced."""
+    cur = await conn.execute(
+        query("ingest", "resolve_by_events"),
+        {
+            "wait_id": [p.wait_id for p in resolutions],
+            "producer": [p.event.producer for p in resolutions],
+            "event_id": [p.event.event_id for p in resolutions],
+            "received_at": list(received_at),
+        },
+    )
+    await conn.execute(query("ingest", "notify_outbox"))
+    return cur
+
+
+async def check_resolved(cur: Any, expected: int) -> None:
+    row = await cur.fetchone()
+    resolved = row[0] if row else 0
+    # The waits were locked by this transaction and seen waiting: all must resolve.
+    if resolved != expected:
+        raise RuntimeError(f"resolved {resolved} of {expected} waits under lock: a bug")
 
 
 def _inbox_params(decision: BatchDecision) -> dict[str, list[Any]]:
@@ -150,34 +183,40 @@ def _inbox_params(decision: BatchDecision) -> dict[str, list[Any]]:
     return columns
 
 
-def _quarantine_params(records: Sequence[IngestRecord]) -> dict[str, list[Any]]:
+def _quarantine_params(records: Sequence[IngestRecord], bounds: Bounds) -> dict[str, list[Any]]:
     columns: dict[str, list[Any]] = {
         name: []
         for name in (
             "topic partition offset key value headers reason detail producer event_id tenant "
-            "type correlation_id"
+            "type correlation_id arrived_at size sha256 truncated"
         ).split()
     }
     for record in records:
         rejection = record.parsed
         assert isinstance(rejection, Rejection)
+        kept = bounded(record.key, record.headers, record.value, bounds)
         columns["topic"].append(record.topic)
         columns["partition"].append(record.partition)
         columns["offset"].append(record.offset)
-        columns["key"].append(record.key)
-        columns["value"].append(record.value)
-        columns["headers"].append(Jsonb(headers_to_json(record.headers)))
+        columns["key"].append(kept.key)
+        columns["value"].append(kept.value)
+        columns["headers"].append(Jsonb(kept.headers))
         columns["reason"].append(rejection.reason)
-        columns["detail"].append(_text(rejection.detail))
+        columns["detail"].append(storable_text(rejection.detail, MAX_DETAIL))
         for name in ("producer", "event_id", "tenant", "type", "correlation_id"):
-            columns[name].append(_text(rejection.seen.get(name)))
+            columns[name].append(storable_text(rejection.seen.get(name)))
+        columns["arrived_at"].append(record.arrived_at)
+        columns["size"].append(kept.size)
+        columns["sha256"].append(kept.sha256)
+        columns["truncated"].append(kept.truncated)
     return columns
 
 
 async def store_batch(
-    conn: psycopg.AsyncConnection[tuple[Any, ...]],
+    conn: AsyncConn,
     records: Sequence[IngestRecord],
     before_commit: Callable[[], None] | None = None,
+    bounds: Bounds = DEFAULT_BOUNDS,
 ) -> BatchResult:
     """Store one batch in one transaction (the caller's connection, not in a transaction).
 
@@ -185,70 +224,85 @@ async def store_batch(
     """
     events = _new_events(records)
     rejected = [r for r in records if isinstance(r.parsed, Rejection)]
-    result = BatchResult(quarantined=len(rejected))
+    result = BatchResult(quarantined=len(rejected), rejected=rejected)
     # One pipeline for the whole transaction: BEGIN travels with the reads, so a batch
     # costs two round trips and the commit. (COMMIT cannot join the writes: the counts
     # they return are checked first, and a mismatch must roll back.)
     async with conn.pipeline() as pipeline, conn.transaction():
         if events:
-            keys = {
-                "tenant": [e.tenant for e in events],
-                "correlation_id": [e.correlation_id for e in events],
-            }
-            ids = {
-                "producer": [e.producer for e in events],
-                "event_id": [e.event_id for e in events],
-            }
-            await conn.execute(query("ingest", "lock_keys"), keys | ids)
-            stored_cur = await conn.execute(query("ingest", "stored_events"), ids)
-            waits_cur = await conn.execute(query("ingest", "waits_for_keys"), keys)
-            await pipeline.sync()
-            stored = {(row[0], row[1]) for row in await stored_cur.fetchall()}
-            waits = _wait_views(await waits_cur.fetchall())
-            decision = decide_batch(events, stored, waits)
-            result.duplicates = len(decision.duplicates)
-            resolutions = decision.resolutions
-
-            insert_cur = None
-            if decision.placements:
-                insert_cur = await conn.execute(
-                    query("ingest", "insert_inbox"), _inbox_params(decision)
-                )
-            resolve_cur = None
-            if resolutions:
-                resolve_cur = await conn.execute(
-                    query("ingest", "resolve_by_events"),
-                    {
-                        "wait_id": [p.wait_id for p in resolutions],
-                        "producer": [p.event.producer for p in resolutions],
-                        "event_id": [p.event.event_id for p in resolutions],
-                    },
-                )
-                await conn.execute(query("ingest", "notify_outbox"))
-            if rejected:
-                await conn.execute(query("ingest", "quarantine"), _quarantine_params(rejected))
-            await pipeline.sync()
-            inserted = len(await insert_cur.fetchall()) if insert_cur is not None else 0
-            if inserted != len(decision.placements):
-                raise ConcurrentInsert(f"expected {len(decision.placements)}, stored {inserted}")
-            if resolve_cur is not None:
-                row = await resolve_cur.fetchone()
-                queued = row[0] if row else 0
-                # We hold the waits' row locks and saw them waiting: all must resolve.
-                if queued != len(resolutions):
-                    raise RuntimeError(
-                        f"resolved {queued} of {len(resolutions)} waits under lock: a bug"
-                    )
-            for placement in decision.placements:
-                if placement.status is InboxStatus.CONSUMED:
-                    result.matched += 1
-                elif placement.status is InboxStatus.LATE:
-                    result.late += 1
-                else:
-                    result.pending += 1
-            result.accepted = len(decision.placements)
+            decided = await _decide(conn, pipeline, events)
+            await _write(conn, pipeline, decided, rejected, bounds)
+            _count(decided, result)
         elif rejected:
-            await conn.execute(query("ingest", "quarantine"), _quarantine_params(rejected))
+            await conn.execute(query("ingest", "quarantine"), _quarantine_params(rejected, bounds))
         if before_commit is not None:
             before_commit()
     return result
+
+
+@dataclass(frozen=True)
+class _Decided:
+    decision: BatchDecision
+    busy: set[Key]  # keys to queue for the rematch loop (not queued yet)
+
+
+async def _decide(conn: AsyncConn, pipeline: Any, events: list[NewEvent]) -> _Decided:
+    """Lock the batch's keys, read what bears on them, and decide (one round trip)."""
+    keys = {
+        "tenant": [e.tenant for e in events],
+        "correlation_id": [e.correlation_id for e in events],
+    }
+    ids = {
+        "producer": [e.producer for e in events],
+        "event_id": [e.event_id for e in events],
+    }
+    await conn.execute(query("ingest", "lock_keys"), keys | ids)
+    stored_cur = await conn.execute(query("ingest", "stored_events"), ids)
+    waits_cur = await conn.execute(query("ingest", "waits_for_keys"), keys)
+    queued_cur = await conn.execute(query("ingest", "queued_keys"), keys)
+    await pipeline.sync()
+    stored = {(row[0], row[1]) for row in await stored_cur.fetchall()}
+    waits, busy = wait_views(await waits_cur.fetchall())
+    queued = {(row[0], row[1]) for row in await queued_cur.fetchall()}
+    decision = decide_batch(events, stored, waits, deferred=busy | queued)
+    return _Decided(decision, busy - queued)
+
+
+async def _write(
+    conn: AsyncConn,
+    pipeline: Any,
+    decided: _Decided,
+    rejected: list[IngestRecord],
+    bounds: Bounds,
+) -> None:
+    """Write what was decided and check it (the second round trip)."""
+    decision = decided.decision
+    insert_cur = None
+    if decision.placements:
+        insert_cur = await conn.execute(query("ingest", "insert_inbox"), _inbox_params(decision))
+    resolutions = decision.resolutions
+    resolve_cur = None
+    if resolutions:
+        resolve_cur = await resolve_by_events(conn, resolutions, [None] * len(resolutions))
+    await queue_for_rematch(conn, decided.busy)
+    if rejected:
+        await conn.execute(query("ingest", "quarantine"), _quarantine_params(rejected, bounds))
+    await pipeline.sync()
+    inserted = len(await insert_cur.fetchall()) if insert_cur is not None else 0
+    if inserted != len(decision.placements):
+        raise ConcurrentInsert(f"expected {len(decision.placements)}, stored {inserted}")
+    if resolve_cur is not None:
+        await check_resolved(resolve_cur, len(resolutions))
+
+
+def _count(decided: _Decided, result: BatchResult) -> None:
+    decision = decided.decision
+    result.duplicates = len(decision.duplicates)
+    for placement in decision.placements:
+        if placement.status is InboxStatus.CONSUMED:
+            result.matched += 1
+        elif placement.status is InboxStatus.LATE:
+            result.late += 1
+        else:
+            result.pending += 1
+    result.accepted = len(decision.placements)

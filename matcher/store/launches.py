@@ -15,7 +15,7 @@ from psycopg.rows import dict_row
 from matcher.domain.launches import Answer, Found, Launch, LaunchSpec, NotFound, Unknown
 from matcher.domain.waits import WaitSpec
 from matcher.store.sql import query
-from matcher.store.waits import Conn, cancel_wait, register_wait
+from matcher.store.waits import Conn, cancel_wait
 
 log = logging.getLogger("matcher.launches")
 
@@ -23,47 +23,38 @@ Reconciler = Callable[[Launch], Answer | Awaitable[Answer]]
 
 
 def record_launch(conn: Conn, spec: LaunchSpec) -> Launch:
-    """Record the intent and its wait, in one transaction, BEFORE calling the external system.
+    """Record the intent and its wait, in one statement, BEFORE calling the external system.
 
     Give the external system ``launch.idempotency_key`` and ``launch.correlation_id``;
     afterwards, ``record_job_id``. Calling this again with the same idempotency key (a
-    retry after a crash) returns the launch recorded the first time and adds nothing.
+    retry after a crash) returns the launch recorded the first time and adds nothing. Like
+    ``register_wait`` it takes no lock, so the caller's transaction may stay open.
     """
+    key = {"tenant": spec.tenant, "idempotency_key": spec.key()}
+    wait = WaitSpec(
+        tenant=spec.tenant,
+        run_id=spec.run_id,
+        position=spec.position,
+        event_types=spec.event_types,
+        correlation_id=spec.correlation_id or str(uuid.uuid4()),
+        deadline=spec.deadline,
+    )
+    params = {
+        **key,
+        "id": uuid.uuid4(),
+        "run_id": spec.run_id,
+        "position": spec.position,
+        "correlation_id": wait.correlation_id,
+        "wait_id": uuid.uuid4(),
+        "event_types": wait.event_types,
+        "deadline": wait.deadline,
+    }
+    if wait.deadline is not None and wait.deadline.tzinfo is None:
+        raise ValueError("deadline must be timezone-aware")
     with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        key = {"tenant": spec.tenant, "idempotency_key": spec.key()}
-        # The key lock of the launch's own (tenant, key): concurrent retries serialise.
-        cur.execute(
-            query("waits", "lock_key"), {"tenant": spec.tenant, "correlation_id": spec.key()}
-        )
-        existing = cur.execute(query("launches", "launch_by_key"), key).fetchone()
-        if existing is not None:
-            return Launch.model_validate(existing)
-        correlation_id = spec.correlation_id or str(uuid.uuid4())
-        wait = register_wait(
-            conn,
-            WaitSpec(
-                tenant=spec.tenant,
-                run_id=spec.run_id,
-                position=spec.position,
-                event_types=spec.event_types,
-                correlation_id=correlation_id,
-                deadline=spec.deadline,
-            ),
-        )
-        launch_id = uuid.uuid4()
-        cur.execute(
-            query("launches", "insert_launch"),
-            {
-                "id": launch_id,
-                "tenant": spec.tenant,
-                "run_id": spec.run_id,
-                "position": spec.position,
-                "idempotency_key": spec.key(),
-                "correlation_id": correlation_id,
-                "wait_id": wait.id,
-            },
-        )
-        row = cur.execute(query("launches", "get_launch"), {"id": launch_id}).fetchone()
+        row = cur.execute(query("launches", "insert_launch"), params).fetchone()
+        if row is None:  # recorded before: the first one stands
+            row = cur.execute(query("launches", "launch_by_key"), key).fetchone()
     assert row is not None
     return Launch.model_validate(row)
 

@@ -34,14 +34,16 @@ def wait_from_row(row: dict[str, Any]) -> Wait:
 
 
 def register_wait(conn: Conn, spec: WaitSpec) -> Wait:
-    """Store a wait; if a matching event is already pending, the wait is resolved at once.
+    """Store a wait, in the caller's transaction (or its own, on an autocommit connection).
 
-    Runs inside the caller's transaction (or its own, on an autocommit connection). The
-    returned wait's ``state`` is ``matched`` when an early event resolved it.
+    It takes no lock and works the same at every isolation level: once the transaction
+    commits, the daemon matches the wait against events already stored (an event that
+    came first resolves it then, within milliseconds), and ingest against events to come.
+    The wait is returned as stored: ``waiting``. Nothing here can hold up the daemon, however
+    long the caller's transaction stays open.
     """
     params = _spec_params(spec)
     with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(query("waits", "lock_key"), params)
         row = cur.execute(query("waits", "register_wait"), params).fetchone()
     assert row is not None
     return wait_from_row(row)
@@ -51,7 +53,6 @@ async def register_wait_async(conn: AsyncConn, spec: WaitSpec) -> Wait:
     """``register_wait`` for asyncio workers."""
     params = _spec_params(spec)
     async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(query("waits", "lock_key"), params)
         await cur.execute(query("waits", "register_wait"), params)
         row = await cur.fetchone()
     assert row is not None
@@ -100,6 +101,14 @@ def list_waits(
     return [wait_from_row(row) for row in rows]
 
 
+class UnverifiedResume(ValueError):
+    """A resume that matcher did not commit: forged, altered, or addressed to another run.
+
+    Raised by ``verify_resume`` and ``advance``; the run is left as it was. Log it and drop
+    the message: it is either an attack or a bug, and retrying cannot make it true.
+    """
+
+
 def _advance_params(resume: ResumeData) -> dict[str, Any]:
     return {
         "tenant": resume.tenant,
@@ -109,22 +118,73 @@ def _advance_params(resume: ResumeData) -> dict[str, Any]:
     }
 
 
+def _verify_params(resume: ResumeData) -> dict[str, Any]:
+    return {"wait_id": resume.wait_id, "resolution_id": resume.resolution_id}
+
+
+def _check_committed(row: tuple[Any, ...] | None, resume: ResumeData) -> None:
+    """Raise unless ``resume`` is exactly the resume matcher committed for its resolution."""
+    if row is None:
+        raise UnverifiedResume(
+            f"matcher committed no resolution {resume.resolution_id} for wait {resume.wait_id}"
+        )
+    message, event_gone = row
+    if event_gone:
+        raise UnverifiedResume(
+            f"resolution {resume.resolution_id} cannot be checked: its event is no longer "
+            "stored (older than the inbox's dedupe window)"
+        )
+    committed = ResumeData.model_validate(message["data"])
+    # Compared as JSON, so that true and 1, or 1 and 1.0, are not taken for each other.
+    if committed.model_dump_json() != resume.model_dump_json():
+        differ = [
+            name
+            for name in ResumeData.model_fields
+            if getattr(committed, name) != getattr(resume, name)
+        ] or ["the event's data"]
+        raise UnverifiedResume(
+            f"resume {resume.resolution_id} differs from what matcher committed: "
+            + ", ".join(differ)
+        )
+
+
+def verify_resume(conn: Conn, resume: ResumeData) -> None:
+    """Raise ``UnverifiedResume`` unless matcher committed exactly this resume.
+
+    For projects that advance their own run table: call it, in the same transaction,
+    before the conditional update that ``advance`` does on ``matcher.runs``.
+    """
+    row = conn.execute(query("waits", "committed_resume"), _verify_params(resume)).fetchone()
+    _check_committed(row, resume)
+
+
 def advance(conn: Conn, resume: ResumeData) -> bool:
     """Move the run past the resume's position; True only for the call that did it.
 
-    A duplicate resume (the relay publishes at least once) returns False and changes
-    nothing, so a worker that continues the run only when this returns True continues
-    it exactly once. Uses ``matcher.runs``; projects with their own run table can apply
-    the same conditional update there instead.
+    The resume is first checked against what matcher committed (``verify_resume``): one
+    that matcher did not publish raises ``UnverifiedResume`` and changes nothing, whoever
+    could write to the resume topic. A duplicate of a genuine resume (the relay publishes
+    at least once) returns False and changes nothing, so a worker that continues the run
+    only when this returns True continues it exactly once. Uses ``matcher.runs``; projects
+    with their own run table call ``verify_resume`` and apply the same conditional update
+    there instead.
     """
     with conn.transaction():
+        verify_resume(conn, resume)
         row = conn.execute(query("waits", "advance_run"), _advance_params(resume)).fetchone()
     return row is not None
+
+
+async def verify_resume_async(conn: AsyncConn, resume: ResumeData) -> None:
+    """``verify_resume`` for asyncio workers."""
+    cur = await conn.execute(query("waits", "committed_resume"), _verify_params(resume))
+    _check_committed(await cur.fetchone(), resume)
 
 
 async def advance_async(conn: AsyncConn, resume: ResumeData) -> bool:
     """``advance`` for asyncio workers."""
     async with conn.transaction():
+        await verify_resume_async(conn, resume)
         cur = await conn.execute(query("waits", "advance_run"), _advance_params(resume))
         row = await cur.fetchone()
     return row is not None

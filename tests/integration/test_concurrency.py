@@ -13,6 +13,7 @@ from matcher.config import Settings
 from matcher.domain.waits import WaitSpec
 from matcher.sdk import register_wait, register_wait_async
 from matcher.store.ingest import IngestRecord, store_batch
+from matcher.store.rematch import rematch_once
 from tests.helpers import (
     env_flag,
     event,
@@ -97,8 +98,9 @@ def _records(correlations: list[str], offset: int) -> list[IngestRecord]:
 
 
 async def test_store_level_race_many_rounds(settings: Settings) -> None:
-    """Batches and registrations straight at Postgres, no Kafka in between: the tightest
-    interleavings. Without the shared key lock this loses pairs within a few rounds."""
+    """Batches, registrations and two rematch passes (two daemons) straight at Postgres, no
+    Kafka in between: the tightest interleavings. Without the rematch pass's look under
+    the key lock (or ingest's deferral of queued keys) this loses pairs within a round."""
     rounds = env_flag("MATCHER_TEST_RACE_ROUNDS", 20)
     per_round = 60
     url = settings.database_url.get_secret_value()
@@ -121,9 +123,23 @@ async def test_store_level_race_many_rounds(settings: Settings) -> None:
                 for start in range(0, len(chunk), 5):
                     await store_batch(conn, _records(chunk[start : start + 5], offset + start))
 
+        done = asyncio.Event()
+
+        async def rematch(done: asyncio.Event) -> None:
+            async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+                while not done.is_set():
+                    if (await rematch_once(conn, limit=7)).keys == 0:
+                        await asyncio.sleep(0.001)
+                # What the pass would find on its next wake-up.
+                while (await rematch_once(conn)).keys:
+                    pass
+
+        passes = [asyncio.create_task(rematch(done)) for _ in range(2)]
         await asyncio.gather(
             *(register(registration_order[k::3]) for k in range(3)),
             *(deliver(delivery_order[k::3], 1000 * k) for k in range(3)),
         )
+        done.set()
+        await asyncio.gather(*passes)
         total += per_round
     _assert_all_matched_once(settings, total)

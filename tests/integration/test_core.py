@@ -50,8 +50,19 @@ async def test_event_before_wait_resolves_on_registration(settings: Settings) ->
 
         with psycopg.connect(settings.database_url.get_secret_value()) as conn:
             wait = register_wait(conn, _spec("corr-early"))
-        assert wait.state is WaitState.MATCHED
-        assert (wait.resolved_by_producer, wait.resolved_by_event_id) == ("billing", early.id)
+        # Stored, then matched by the daemon's rematch pass once the registration committed.
+        assert wait.state is WaitState.WAITING
+        await eventually(
+            lambda: scalar(settings, "SELECT state FROM matcher.waits") == "matched",
+            what="the early event resolves the wait",
+        )
+        [resolved] = rows(
+            settings, "SELECT resolved_by_producer, resolved_by_event_id FROM matcher.waits"
+        )
+        assert (resolved["resolved_by_producer"], resolved["resolved_by_event_id"]) == (
+            "billing",
+            early.id,
+        )
 
         [resume] = await read_resumes(settings, at_least=1)
     assert resume.wait_id == wait.id

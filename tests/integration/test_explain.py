@@ -27,6 +27,7 @@ from tests.helpers import (
     produce,
     produce_raw,
     read_resumes,
+    rematch_all,
     running_daemon,
     scalar,
 )
@@ -204,7 +205,8 @@ async def test_unpublished_resume_is_reported(settings: Settings) -> None:
     async with running_daemon(settings):
         await produce(settings, [early])
         await eventually(lambda: scalar(settings, "SELECT count(*) FROM matcher.inbox") == 1)
-    _register(settings, "r-unpub", "c-unpub")  # resolved at once, while no relay runs
+    _register(settings, "r-unpub", "c-unpub")
+    assert await rematch_all(settings) == 1  # resolved by the rematch pass, while no relay runs
     with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as conn:
         conn.execute("UPDATE matcher.outbox SET created_at = now() - interval '1 minute'")
     found = await _explain(settings, "r-unpub")

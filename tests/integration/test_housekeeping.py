@@ -19,7 +19,9 @@ from matcher.store.ingest import IngestRecord
 from tests.helpers import (
     ensure_inbox_days,
     event,
+    raw,
     read_resumes,
+    rematch_all,
     rows,
     running_daemon,
     scalar,
@@ -102,7 +104,28 @@ async def test_retention_expires_then_purges(settings: Settings) -> None:
                 correlation_id="old",
             ),
         )
-    assert wait.state == "waiting"
+    assert await rematch_all(settings) == 0
+    assert scalar(settings, "SELECT state FROM matcher.waits WHERE id = %s", [wait.id]) == (
+        "waiting"
+    )
+
+
+async def test_quarantine_keeps_its_retention(settings: Settings) -> None:
+    settings = settings.model_copy(update={"quarantine_retention": timedelta(days=30)})
+    with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO matcher.quarantine (received_at, kafka_topic, kafka_partition,"
+            " kafka_offset, reason) SELECT now() - make_interval(days => d), 't', 0, d,"
+            " 'malformed' FROM unnest(ARRAY[0, 29, 31, 400]) AS d"
+        )
+    async with AsyncConnectionPool(
+        settings.database_url.get_secret_value(), min_size=1, open=False
+    ) as pool:
+        await tidy_once(pool, settings, limit=1)  # batches of one: the loop must go on
+    kept = [
+        r["kafka_offset"] for r in rows(settings, "SELECT kafka_offset FROM matcher.quarantine")
+    ]
+    assert sorted(kept) == [0, 29]
 
 
 async def test_relay_wakes_on_commit_not_on_its_poll(settings: Settings) -> None:
@@ -137,7 +160,8 @@ async def test_refused_record_is_isolated_and_quarantined(settings: Settings) ->
     records = []
     for n, e in enumerate([*good[:2], poison, *good[2:]]):
         key, headers, value = to_record(good[0] if e is poison else e)
-        records.append(IngestRecord(settings.events_topic, 0, n, key, value, headers, e))
+        names = raw(headers, key, value).headers
+        records.append(IngestRecord(settings.events_topic, 0, n, key, value, names, e))
     async with AsyncConnectionPool(
         settings.database_url.get_secret_value(), min_size=1, open=False
     ) as pool:

@@ -28,10 +28,10 @@ from psycopg_pool import AsyncConnectionPool
 from matcher.config import Settings
 from matcher.daemon.sweeper import sweep_once
 from matcher.domain.waits import WaitSpec
-from matcher.kafka.binding import parse_record
 from matcher.sdk import cancel_wait, register_wait
 from matcher.store.ingest import IngestRecord, store_batch
-from tests.helpers import env_flag, event, to_record
+from matcher.store.rematch import rematch_once
+from tests.helpers import env_flag, event, ingest_record
 
 KEYS = [("acme", "c1"), ("acme", "c2"), ("globex", "c1")]
 TYPES = ["done", "failed"]
@@ -60,6 +60,9 @@ class ModelEvent:
 class Model:
     waits: dict[uuid.UUID, ModelWait] = field(default_factory=dict)
     events: dict[tuple[str, str], ModelEvent] = field(default_factory=dict)
+    # Keys registered since the last rematch pass: their events are only stored, their
+    # waits not timed out, until the pass matches them (migration 0010).
+    queued: set[tuple[str, str]] = field(default_factory=set)
     clock: int = 0
 
     def tick(self) -> int:
@@ -68,23 +71,30 @@ class Model:
 
     def register(self, wait: ModelWait) -> None:
         self.waits[wait.id] = wait
-        pending = sorted(
-            (
+        self.queued.add(wait.key)
+
+    def rematch(self) -> None:
+        """The pass: each queued key's pending events, oldest first, by the ingest rules."""
+        for key in sorted(self.queued):
+            pending = sorted(
                 (e.order, ident, e)
                 for ident, e in self.events.items()
-                if e.status == "pending" and e.key == wait.key and e.type in wait.types
-            ),
-        )
-        if pending:
-            _, ident, chosen = pending[0]
-            wait.state, wait.by = "matched", ident
-            chosen.status, chosen.wait = "consumed", wait.id
+                if e.status == "pending" and e.key == key
+            )
+            for _, ident, e in pending:
+                self._place(ident, e)
+        self.queued.clear()
 
     def ingest(self, ident: tuple[str, str], key: tuple[str, str], type_: str) -> None:
         if ident in self.events:
             return  # a duplicate
         e = ModelEvent(key, type_, self.tick())
         self.events[ident] = e
+        if key not in self.queued:
+            self._place(ident, e)
+
+    def _place(self, ident: tuple[str, str], e: ModelEvent) -> None:
+        key, type_ = e.key, e.type
         waiting = sorted(
             (w.order, w.id, w)
             for w in self.waits.values()
@@ -116,7 +126,7 @@ class Matching(RuleBasedStateMachine):
         self.conn = psycopg.connect(url, autocommit=True)
         self.conn.execute(
             "TRUNCATE matcher.outbox, matcher.launch_audit, matcher.launches, matcher.inbox,"
-            " matcher.quarantine, matcher.waits, matcher.runs"
+            " matcher.quarantine, matcher.waits, matcher.runs, matcher.match_queue"
         )
         self.aconn = self.loop.run_until_complete(
             psycopg.AsyncConnection.connect(url, autocommit=True)
@@ -159,9 +169,8 @@ class Matching(RuleBasedStateMachine):
         self._queue(previous)
 
     def _queue(self, e: Any) -> None:
-        k, h, v = to_record(e)
         self.offset += 1
-        self.batch.append(IngestRecord("t", 0, self.offset, k, v, h, parse_record(h, k, v)))
+        self.batch.append(ingest_record(e, self.offset))
 
     @precondition(lambda self: bool(self.batch))
     @rule()
@@ -185,6 +194,8 @@ class Matching(RuleBasedStateMachine):
 
     @rule(wait=waits)
     def time_out(self, wait: uuid.UUID) -> None:
+        if self.model.waits[wait].key in self.model.queued:
+            return  # the sweeper leaves a wait alone until its key had its rematch pass
         self.conn.execute(
             "UPDATE matcher.waits SET deadline = %s WHERE id = %s",
             [datetime.now(UTC) - timedelta(seconds=1), wait],
@@ -194,6 +205,12 @@ class Matching(RuleBasedStateMachine):
         if w.state == "waiting":
             w.state = "timed_out"
             w.order = self.model.tick()  # the latest resolution wins a late event's link
+
+    @precondition(lambda self: bool(self.model.queued))
+    @rule()
+    def rematch(self) -> None:
+        self.loop.run_until_complete(rematch_once(self.aconn))
+        self.model.rematch()
 
     @rule(wait=waits)
     def cancel(self, wait: uuid.UUID) -> None:
@@ -238,6 +255,8 @@ class Matching(RuleBasedStateMachine):
             "SELECT count(*) AS n FROM matcher.inbox i JOIN matcher.waits w"
             " ON w.tenant = i.tenant AND w.correlation_id = i.correlation_id"
             " WHERE i.status = 'pending' AND w.state = 'waiting' AND i.type = ANY(w.event_types)"
+            " AND NOT EXISTS (SELECT 1 FROM matcher.match_queue q"
+            "   WHERE q.tenant = w.tenant AND q.correlation_id = w.correlation_id)"
         ).fetchone()
         assert missed is not None
         assert missed["n"] == 0

@@ -25,3 +25,10 @@ LIMIT 200;
 
 -- name: outbox_of_wait
 SELECT resolution_id, created_at, published_at FROM matcher.outbox WHERE wait_id = %(wait_id)s;
+
+-- name: rematch_of_key
+-- Whether the key waits for the rematch pass (a wait not yet checked against stored
+-- events, or one ingest found busy), and the snapshot's clock.
+SELECT now() AS now,
+       (SELECT min(not_before) FROM matcher.match_queue
+        WHERE tenant = %(tenant)s AND correlation_id = %(correlation_id)s) AS queued_since;

@@ -15,6 +15,15 @@ FROM (
     ORDER BY 1
 ) AS keys;
 
+-- name: lock_wait_keys
+-- The wait keys alone, in the same order (the rematch loop: it stores no events).
+SELECT pg_advisory_xact_lock(k)
+FROM (
+    SELECT DISTINCT matcher.wait_key(t, c) AS k
+    FROM unnest(%(tenant)b::text[], %(correlation_id)b::text[]) AS u(t, c)
+    ORDER BY 1
+) AS keys;
+
 -- name: stored_events
 SELECT i.producer, i.event_id
 FROM matcher.inbox AS i
@@ -22,13 +31,33 @@ JOIN unnest(%(producer)b::text[], %(event_id)b::text[]) AS u(producer, event_id)
   ON i.producer = u.producer AND i.event_id = u.event_id;
 
 -- name: waits_for_keys
--- Waiting waits to resolve, and timed-out or cancelled ones to recognise late events.
-SELECT w.id, w.tenant, w.correlation_id, w.event_types, w.state, w.created_at, w.resolved_at
+-- Waiting waits to resolve, and timed-out or cancelled ones to recognise late events. Each
+-- is locked here unless another transaction holds it (a worker's cancel or job id, still
+-- uncommitted): such a wait comes back "busy", with its last committed state, and its key
+-- is left to the rematch loop rather than waited for (a worker's transaction, however
+-- long, must not hold up a batch). The state returned is the locked row's, which is
+-- current: the outer read only finds the candidates.
+SELECT w.id, w.tenant, w.correlation_id, w.event_types,
+       coalesce(l.state, w.state) AS state, w.created_at,
+       coalesce(l.resolved_at, w.resolved_at) AS resolved_at,
+       l.id IS NULL AS busy
 FROM matcher.waits AS w
 JOIN (SELECT DISTINCT t, c FROM unnest(%(tenant)b::text[], %(correlation_id)b::text[]) AS u(t, c)) AS k
   ON w.tenant = k.t AND w.correlation_id = k.c
-WHERE w.state <> 'matched'
-FOR UPDATE OF w;
+LEFT JOIN LATERAL (
+    SELECT x.id, x.state, x.resolved_at FROM matcher.waits AS x
+    WHERE x.id = w.id
+    FOR UPDATE SKIP LOCKED
+) AS l ON true
+WHERE w.state <> 'matched';
+
+-- name: queued_keys
+-- Keys whose waits have not had their look at stored events yet (see match_queue): their
+-- events go to the rematch loop too, which takes the oldest pending event first.
+SELECT DISTINCT q.tenant, q.correlation_id
+FROM matcher.match_queue AS q
+JOIN (SELECT DISTINCT t, c FROM unnest(%(tenant)b::text[], %(correlation_id)b::text[]) AS u(t, c)) AS k
+  ON q.tenant = k.t AND q.correlation_id = k.c;
 
 -- name: insert_inbox
 -- Rows arrive with their final status, so each event is written once.
@@ -47,15 +76,18 @@ ON CONFLICT DO NOTHING
 RETURNING producer, event_id;
 
 -- name: resolve_by_events
--- The conditional update (invariant 3) and the outbox rows, in the batch's transaction.
+-- The conditional update (invariant 3) and the outbox rows, in the caller's transaction;
+-- the one statement that resolves waits by events (ingest and the rematch loop). An event
+-- stored in this transaction has received_at NULL here: its inbox row has now().
 WITH resolved AS (
     UPDATE matcher.waits AS w
     SET state = 'matched', resolved_at = now(), resolution = 'event',
         resolved_by_producer = u.producer, resolved_by_event_id = u.event_id,
-        resolved_by_received_at = now(),  -- the batch's inbox rows are stored with now()
+        resolved_by_received_at = coalesce(u.received_at, now()),
         version = w.version + 1
-    FROM unnest(%(wait_id)b::uuid[], %(producer)b::text[], %(event_id)b::text[])
-        AS u(wait_id, producer, event_id)
+    FROM unnest(%(wait_id)b::uuid[], %(producer)b::text[], %(event_id)b::text[],
+                %(received_at)b::timestamptz[])
+        AS u(wait_id, producer, event_id, received_at)
     WHERE w.id = u.wait_id AND w.state = 'waiting'
     RETURNING w.id, w.tenant, w.run_id
 ), queued AS (
@@ -65,18 +97,30 @@ WITH resolved AS (
 )
 SELECT count(*) FROM queued;
 
+-- name: queue_keys
+-- Keys left to the rematch loop (their waits were busy); it is woken at commit.
+WITH queued AS (
+    INSERT INTO matcher.match_queue (tenant, correlation_id, not_before)
+    SELECT t, c, now() + %(after)s::interval
+    FROM unnest(%(tenant)b::text[], %(correlation_id)b::text[]) AS u(t, c)
+    RETURNING 1
+)
+SELECT pg_notify('matcher_match', '') FROM (SELECT count(*) AS n FROM queued) AS q WHERE q.n > 0;
+
 -- name: quarantine
 -- A redelivered poison message is recorded once (its Kafka coordinates are unique).
 INSERT INTO matcher.quarantine (
     kafka_topic, kafka_partition, kafka_offset, kafka_key, raw_value, headers, reason, detail,
-    producer, event_id, tenant, type, correlation_id
+    producer, event_id, tenant, type, correlation_id, arrived_at, raw_size, raw_sha256,
+    raw_truncated
 )
 SELECT *
 FROM unnest(
     %(topic)b::text[], %(partition)b::integer[], %(offset)b::bigint[], %(key)b::bytea[],
     %(value)b::bytea[], %(headers)b::jsonb[], %(reason)b::text[], %(detail)b::text[],
     %(producer)b::text[], %(event_id)b::text[], %(tenant)b::text[], %(type)b::text[],
-    %(correlation_id)b::text[]
+    %(correlation_id)b::text[], %(arrived_at)b::timestamptz[], %(size)b::integer[],
+    %(sha256)b::bytea[], %(truncated)b::boolean[]
 )
 ON CONFLICT (kafka_topic, kafka_partition, kafka_offset) DO NOTHING;
 

@@ -1,10 +1,27 @@
 -- name: insert_launch
--- Idempotent: a retried launch (same tenant and idempotency key) inserts nothing.
-INSERT INTO matcher.launches (id, tenant, run_id, position, idempotency_key, correlation_id, wait_id)
-VALUES (%(id)s, %(tenant)s, %(run_id)s, %(position)s, %(idempotency_key)s, %(correlation_id)s,
-        %(wait_id)s)
-ON CONFLICT (tenant, idempotency_key) DO NOTHING
-RETURNING id;
+-- The intent and its wait in one statement, both or neither: a retried launch (same tenant
+-- and idempotency key) inserts nothing and the caller reads the first one back. The
+-- unique key is the only synchronisation (no lock in the caller's transaction): a
+-- concurrent retry waits for the first insert to commit or roll back, then does nothing
+-- (READ COMMITTED) or fails with a serialization error to retry (REPEATABLE READ and
+-- SERIALIZABLE, as for any write conflict at those levels). The launch's foreign key to
+-- its wait is checked at the end of the statement, when both rows exist.
+WITH launch AS (
+    INSERT INTO matcher.launches (
+        id, tenant, run_id, position, idempotency_key, correlation_id, wait_id
+    )
+    VALUES (%(id)s, %(tenant)s, %(run_id)s, %(position)s, %(idempotency_key)s,
+            %(correlation_id)s, %(wait_id)s)
+    ON CONFLICT (tenant, idempotency_key) DO NOTHING
+    RETURNING *
+), wait AS (
+    INSERT INTO matcher.waits (id, tenant, run_id, position, event_types, correlation_id, deadline)
+    SELECT wait_id, tenant, run_id, position, %(event_types)s::text[], correlation_id,
+           %(deadline)s
+    FROM launch
+    RETURNING id
+)
+SELECT launch.* FROM launch;
 
 -- name: launch_by_key
 SELECT * FROM matcher.launches WHERE tenant = %(tenant)s AND idempotency_key = %(idempotency_key)s;

@@ -1,12 +1,18 @@
 -- name: sweep_deadlines
--- Time out the earliest-due waiting waits. SKIP LOCKED: a wait that ingest, a registration
--- or another daemon's sweeper holds is left for the next sweep.
+-- Time out the earliest-due waiting waits. SKIP LOCKED: a wait that ingest, a worker or
+-- another daemon's sweeper holds is left for the next sweep. A wait whose key is still
+-- queued for the rematch loop is left too: an event stored before the deadline may be
+-- about to resolve it (a wait registered with its event already pending must match).
 WITH due AS (
-    SELECT id FROM matcher.waits
-    WHERE state = 'waiting' AND deadline <= now()
-    ORDER BY deadline
+    SELECT w.id FROM matcher.waits AS w
+    WHERE w.state = 'waiting' AND w.deadline <= now()
+      AND NOT EXISTS (
+          SELECT 1 FROM matcher.match_queue AS q
+          WHERE q.tenant = w.tenant AND q.correlation_id = w.correlation_id
+      )
+    ORDER BY w.deadline
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF w SKIP LOCKED
 ), resolved AS (
     UPDATE matcher.waits AS w
     SET state = 'timed_out', resolved_at = now(), resolution = 'deadline', version = w.version + 1

@@ -1,54 +1,34 @@
--- name: lock_key
-SELECT pg_advisory_xact_lock(matcher.wait_key(%(tenant)s, %(correlation_id)s));
-
 -- name: register_wait
--- Insert the wait; if a pending event already matches (it arrived first), resolve the wait
--- with it at once: the oldest such event, as ingest would have chosen. The caller holds the
--- key lock, so ingest cannot slip an event in between the look and the insert.
-WITH hit AS (
-    SELECT producer, event_id, received_at FROM matcher.inbox
-    WHERE status = 'pending' AND tenant = %(tenant)s AND correlation_id = %(correlation_id)s
-      AND type = ANY(%(event_types)s::text[])
-    ORDER BY received_at, kafka_partition, kafka_offset
-    LIMIT 1
-    FOR UPDATE
-), inserted AS (
-    INSERT INTO matcher.waits (
-        id, tenant, run_id, position, event_types, correlation_id, external_job_id, deadline,
-        state, resolved_at, resolution, resolved_by_producer, resolved_by_event_id,
-        resolved_by_received_at
-    )
-    SELECT %(id)s, %(tenant)s, %(run_id)s, %(position)s, %(event_types)s::text[],
-           %(correlation_id)s, %(external_job_id)s, %(deadline)s,
-           CASE WHEN hit.event_id IS NULL THEN 'waiting' ELSE 'matched' END,
-           CASE WHEN hit.event_id IS NULL THEN NULL ELSE now() END,
-           CASE WHEN hit.event_id IS NULL THEN NULL ELSE 'event' END,
-           hit.producer, hit.event_id, hit.received_at
-    FROM (VALUES (1)) AS one LEFT JOIN hit ON true
-    RETURNING *
-), consumed AS (
-    UPDATE matcher.inbox AS i
-    SET status = 'consumed', consumed_by = inserted.id, status_at = now()
-    FROM inserted, hit
-    WHERE i.producer = hit.producer AND i.event_id = hit.event_id
-      AND i.received_at = hit.received_at  -- one partition, not all
-    RETURNING 1
-), queued AS (
-    INSERT INTO matcher.outbox (wait_id, tenant, run_id, outcome)
-    SELECT id, tenant, run_id, 'event' FROM inserted WHERE state = 'matched'
-    RETURNING pg_notify('matcher_outbox', '')
+-- Only the insert: no lock, no look at stored events (the caller's transaction may be
+-- long, or REPEATABLE READ). The insert queues the key (trigger waits_queue_new), and the
+-- daemon's rematch pass matches it against pending events once this commits.
+INSERT INTO matcher.waits (
+    id, tenant, run_id, position, event_types, correlation_id, external_job_id, deadline
 )
-SELECT inserted.id, inserted.tenant, inserted.run_id, inserted.position, inserted.event_types,
-       inserted.correlation_id, inserted.external_job_id, inserted.deadline, inserted.state,
-       inserted.created_at, inserted.resolved_at, inserted.resolution,
-       inserted.resolved_by_producer, inserted.resolved_by_event_id,
-       (SELECT count(*) FROM consumed) + (SELECT count(*) FROM queued) AS side_effects
-FROM inserted;
+VALUES (
+    %(id)s, %(tenant)s, %(run_id)s, %(position)s, %(event_types)s::text[], %(correlation_id)s,
+    %(external_job_id)s, %(deadline)s
+)
+RETURNING id, tenant, run_id, position, event_types, correlation_id, external_job_id, deadline,
+          state, created_at, resolved_at, resolution, resolved_by_producer,
+          resolved_by_event_id;
 
 -- name: get_wait
 SELECT id, tenant, run_id, position, event_types, correlation_id, external_job_id, deadline,
        state, created_at, resolved_at, resolution, resolved_by_producer, resolved_by_event_id
 FROM matcher.waits WHERE id = %(wait_id)s;
+
+-- name: committed_resume
+-- The resume matcher committed for this resolution of this wait, as the relay publishes
+-- it; nothing when there is none. The inbox row is looked up in its own day.
+SELECT matcher.resume_message(o.resolution_id, o.outcome, w, i) AS message,
+       (o.outcome = 'event' AND i.producer IS NULL) AS event_gone
+FROM matcher.outbox AS o
+JOIN matcher.waits AS w ON w.id = o.wait_id
+LEFT JOIN matcher.inbox AS i
+  ON i.producer = w.resolved_by_producer AND i.event_id = w.resolved_by_event_id
+  AND i.received_at = w.resolved_by_received_at
+WHERE o.wait_id = %(wait_id)s AND o.resolution_id = %(resolution_id)s;
 
 -- name: advance_run
 -- Move the run from the resume's position to the next, once: a duplicate resume finds the

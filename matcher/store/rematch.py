@@ -1,0 +1,99 @@
+"""The rematch pass: queued keys get the look at stored events that registration skipped.
+
+A wait is registered without any lock (see migration 0010): its insert queues its key,
+and this pass, in a transaction of its own after the wait committed, takes the key's
+advisory lock (ingest's), then matches the key's waiting waits with its pending events
+by the rules of ``matcher.domain.matching`` (oldest event first, each event one wait).
+Ingest also queues keys whose waits another transaction held locked. A key whose waits
+are still held is queued again, a little later; nothing here waits on a transaction that
+is not the daemon's own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from matcher.domain.matching import InboxStatus, Key, NewEvent, Placement, decide_batch
+from matcher.store.ingest import (
+    AsyncConn,
+    check_resolved,
+    key_arrays,
+    queue_for_rematch,
+    resolve_by_events,
+    wait_views,
+)
+from matcher.store.sql import query
+
+# How soon a key whose waits were held by another transaction is looked at again.
+BUSY_RETRY_S = 0.5
+
+
+@dataclass(frozen=True)
+class RematchResult:
+    keys: int = 0
+    matched: int = 0
+    late: int = 0
+    busy: int = 0
+
+
+def _pending(rows: list[tuple[Any, ...]]) -> list[NewEvent]:
+    # payload: the event's received_at, the rest of its inbox key
+    return [NewEvent(r[0], r[1], r[2], r[3], r[4], payload=r[5]) for r in rows]
+
+
+async def rematch_once(conn: AsyncConn, limit: int = 500) -> RematchResult:
+    """Take up to ``limit`` due keys off the queue and match them, in one transaction."""
+    async with conn.pipeline() as pipeline, conn.transaction():
+        cur = await conn.execute(query("rematch", "claim_keys"), {"limit": limit})
+        await pipeline.sync()
+        keys: set[Key] = {(row[0], row[1]) for row in await cur.fetchall()}
+        if not keys:
+            return RematchResult()
+        params = key_arrays(sorted(keys))
+        await conn.execute(query("ingest", "lock_wait_keys"), params)
+        waits_cur = await conn.execute(query("ingest", "waits_for_keys"), params)
+        pending_cur = await conn.execute(query("rematch", "pending_for_keys"), params)
+        await pipeline.sync()
+        waits, busy = wait_views(await waits_cur.fetchall())
+        events = _pending(await pending_cur.fetchall())
+        # Stored already, so none is a duplicate; busy keys are decided next time.
+        decision = decide_batch(events, (), waits, deferred=busy)
+        settled = [p for p in decision.placements if p.status is not InboxStatus.PENDING]
+        resolutions = decision.resolutions
+        resolve_cur = None
+        if resolutions:
+            resolve_cur = await resolve_by_events(
+                conn, resolutions, [p.event.payload for p in resolutions]
+            )
+        settle_cur = None
+        if settled:
+            settle_cur = await conn.execute(query("rematch", "settle_pending"), _settle(settled))
+        await queue_for_rematch(conn, busy, after_s=BUSY_RETRY_S)
+        await pipeline.sync()
+        if resolve_cur is not None:
+            await check_resolved(resolve_cur, len(resolutions))
+        if settle_cur is not None and len(await settle_cur.fetchall()) != len(settled):
+            raise RuntimeError("a pending event changed under its lock: a bug")
+    return RematchResult(
+        keys=len(keys),
+        matched=len(resolutions),
+        late=len(settled) - len(resolutions),
+        busy=len(busy),
+    )
+
+
+def _settle(placements: list[Placement]) -> dict[str, list[Any]]:
+    received: list[datetime] = [p.event.payload for p in placements]
+    consumed = [p.status is InboxStatus.CONSUMED for p in placements]
+    return {
+        "producer": [p.event.producer for p in placements],
+        "event_id": [p.event.event_id for p in placements],
+        "received_at": received,
+        "status": [p.status.value for p in placements],
+        "consumed_by": [
+            p.wait_id if c else None for p, c in zip(placements, consumed, strict=True)
+        ],
+        "late_for": [None if c else p.wait_id for p, c in zip(placements, consumed, strict=True)],
+    }
