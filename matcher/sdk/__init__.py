@@ -22,6 +22,7 @@ from matcher.domain.waits import Outcome, Wait, WaitSpec, WaitState
 from matcher.sdk.resumes import parse_resume
 from matcher.store.launches import audit_trail, get_launch, record_job_id, record_launch
 from matcher.store.waits import (
+    UnverifiedResume,
     advance,
     advance_async,
     cancel_wait,
@@ -29,6 +30,8 @@ from matcher.store.waits import (
     list_waits,
     register_wait,
     register_wait_async,
+    verify_resume,
+    verify_resume_async,
 )
 
 __all__ = [
@@ -41,6 +44,7 @@ __all__ = [
     "ResumeData",
     "ResumeEvent",
     "Unknown",
+    "UnverifiedResume",
     "Wait",
     "WaitSpec",
     "WaitState",
@@ -56,4 +60,6 @@ __all__ = [
     "record_launch",
     "register_wait",
     "register_wait_async",
+    "verify_resume",
+    "verify_resume_async",
 ]
