@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -33,15 +34,41 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+# Control characters (a newline above all), and the DEL/C1 range terminals act on.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_NEEDS_QUOTES = re.compile(r'[\s="\\]')
+
+
+def _escape(text: str) -> str:
+    """``text`` with every control character shown as an escape, so that a value from a
+    record (a source, an id: attacker-chosen) cannot start a line or move the cursor."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def _field(value: object) -> str:
+    # logfmt: a value with spaces, "=", quotes or controls is quoted, so it cannot pose as
+    # another field, nor end the line.
+    text = str(value)
+    if text and not _NEEDS_QUOTES.search(text) and not _CONTROL.search(text):
+        return text
+    return '"' + _escape(text.replace("\\", "\\\\").replace('"', '\\"')) + '"'
+
+
 class TextFormatter(logging.Formatter):
+    """One line per record, whatever the record holds: the message and every field are
+    escaped (JSON lines are safe by construction)."""
+
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return _escape(super().formatMessage(record))
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
         extras = _extras(record)
         if extras:
-            line += " " + " ".join(f"{k}={v}" for k, v in extras.items())
+            line += " " + " ".join(f"{k}={_field(v)}" for k, v in extras.items())
         return line
 
 
