@@ -25,6 +25,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +38,16 @@ from psycopg.types.json import Jsonb
 from rich.console import Console
 from rich.progress import Progress
 
+from matcher.auth.gate import read
+from matcher.auth.policy import Policy
 from matcher.domain.events import CompletionEvent as CloudEventIn
-from matcher.kafka.binding import parse_record
-from matcher.kafka.topics import delete_topics, ensure_topics
+from matcher.domain.events import Rejection
+from matcher.kafka.binding import raw_record
+from matcher.kafka.topics import EVENT_TOPIC_CONFIGS, delete_topics, ensure_topics
 from matcher.store.migrate import migrate
+from matcher.store.rematch import rematch_once
+
+_POLICY = Policy(require_signatures=False)
 
 console = Console(stderr=True)
 SECRET = "whsec_" + base64.b64encode(b"benchmark-hmac-secret-0123456789").decode()
@@ -131,7 +138,10 @@ class Env:
 
     async def topic(self, kind: str) -> str:
         name = f"bench.{uuid.uuid4().hex[:8]}.{kind}"
-        await ensure_topics({"bootstrap_servers": self.kafka}, [name], partitions=PARTITIONS)
+        configs = {name: EVENT_TOPIC_CONFIGS} if kind == "events" else None
+        await ensure_topics(
+            {"bootstrap_servers": self.kafka}, [name], partitions=PARTITIONS, configs=configs
+        )
         self.topics.append(name)
         return name
 
@@ -166,14 +176,18 @@ async def produce_all(
         await producer.stop()
 
 
-def register_waits(url: str, correlations: list[str]) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(
+async def register_waits(url: str, correlations: list[str]) -> None:
+    """The waits, registered (and checked against stored events, as the daemon's rematch
+    pass does) before the run, as waits registered well before their events would be."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute(
             "INSERT INTO matcher.waits (id, tenant, run_id, position, event_types, correlation_id)"
             " SELECT gen_random_uuid(), 'acme', 'run-' || c, 0, ARRAY['job.completed'], c"
             " FROM unnest(%s::text[]) AS c",
             [correlations],
         )
+        while (await rematch_once(conn, limit=5000)).keys:
+            pass
 
 
 def preload(url: str, rows: int) -> None:
@@ -251,8 +265,13 @@ _INSERT = (
 )
 
 
+def parse_record(record: Any) -> CloudEventIn | Rejection:
+    """The gate's reading of a record (no trust decisions: the baselines hold no keys)."""
+    return read(raw_record(record, datetime.now(UTC)), _POLICY)
+
+
 def _event(record: Any) -> CloudEventIn:
-    parsed = parse_record(list(record.headers), record.key, record.value)
+    parsed = parse_record(record)
     assert isinstance(parsed, CloudEventIn), parsed
     return parsed
 
@@ -273,7 +292,7 @@ def _rows(records: list[Any]) -> list[list[Any]]:
 async def r_kafka(env: Env, topic: str, n: int) -> float:
     async def handle(consumer: AIOKafkaConsumer, records: list[Any]) -> None:
         for r in records:
-            parse_record(list(r.headers), r.key, r.value)
+            parse_record(r)
         await consumer.commit(_offsets(records))
 
     return n / await consume(env, topic, n, handle)
@@ -305,7 +324,7 @@ async def r_pipe(env: Env, topic: str, n: int) -> float:
 async def r_naive(env: Env, topic: str, events: list[Any], n: int) -> float:
     """One transaction and one offset commit per event, one query per step."""
     url = env.fresh_db()
-    register_waits(url, [c for c, *_ in events])
+    await register_waits(url, [c for c, *_ in events])
 
     async with await psycopg.AsyncConnection.connect(url) as conn:
 
@@ -423,7 +442,7 @@ async def r_matcher(
     the largest daemon). ``daemons`` processes share the work as one consumer group."""
     url = env.fresh_db()
     preload(url, preload_rows)
-    register_waits(url, [c for c, *_ in events])
+    await register_waits(url, [c for c, *_ in events])
     environment = _daemon_env(env, url, topic, await env.topic("resumes"))
     running = [Daemon(environment) for _ in range(daemons)]
     try:
@@ -455,7 +474,7 @@ async def latency(env: Env, rate: int, seconds: float, preload_rows: int = 0) ->
     preload(url, preload_rows)
     count = int(rate * seconds)
     events = signed_events(count)
-    register_waits(url, [c for c, *_ in events])
+    await register_waits(url, [c for c, *_ in events])
     events_topic, resume_topic = await env.topic("events"), await env.topic("resumes")
     daemon = Daemon(_daemon_env(env, url, events_topic, resume_topic))
     sent: dict[str, float] = {}

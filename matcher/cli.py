@@ -104,7 +104,11 @@ def run(
 @app.command()
 def migrate(
     topics: Annotated[
-        bool, typer.Option(help="Also create the events and resume topics if missing.")
+        bool,
+        typer.Option(
+            help="Also create the missing topics (events, resumes, dead letters) and give the "
+            "events topic broker timestamps (message.timestamp.type=LogAppendTime)."
+        ),
     ] = True,
 ) -> None:
     """Apply pending database migrations and create the Kafka topics that are missing.
@@ -112,7 +116,7 @@ def migrate(
     Safe to run concurrently and repeatedly: an advisory lock serialises migrators and
     applied migrations are skipped.
     """
-    from matcher.kafka.topics import ensure_topics
+    from matcher.kafka.topics import prepare_topics
     from matcher.store.migrate import MigrationError
     from matcher.store.migrate import migrate as apply_migrations
 
@@ -126,17 +130,10 @@ def migrate(
     if not applied:
         out.print("database schema is up to date")
     if topics:
-        created = asyncio.run(
-            ensure_topics(
-                settings.kafka_client_options(),
-                [settings.events_topic, settings.resume_topic],
-                partitions=settings.topic_partitions,
-                replication_factor=settings.topic_replication_factor,
-            )
-        )
-        for name in created:
-            out.print(f"created topic {name} ({settings.topic_partitions} partitions)")
-        if not created:
+        done = asyncio.run(prepare_topics(settings))
+        for line in done:
+            out.print(line)
+        if not done:
             out.print("topics exist")
 
 
@@ -662,8 +659,9 @@ def quarantine_replay(
     """Judge quarantined records again with the current producers file and limits; those
     that pass are stored and matched like any other event (duplicates still recognised).
     A record is judged as of when it first arrived (signature timestamps included)."""
+    from matcher.auth.gate import judge as gate_judge
+    from matcher.auth.record import RawRecord
     from matcher.auth.registry import Registry, RegistryError, load_registry
-    from matcher.kafka.binding import inspect_record
     from matcher.store.replay import replay
 
     if (record_id is None) == (reason is None):
@@ -677,8 +675,8 @@ def quarantine_replay(
         _fail([f"matcher: {exc}"], code=2)
     policy = settings.policy()
 
-    def judge(headers: Any, key: Any, value: Any, at: datetime) -> Any:
-        return inspect_record(headers, key, value, registry, policy, at)
+    def judge(record: RawRecord) -> Any:
+        return gate_judge(record, registry, policy)
 
     async def go() -> Any:
         import psycopg

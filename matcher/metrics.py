@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from matcher.domain.events import REASONS
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
 EVENTS_RECEIVED = Counter(
@@ -19,7 +21,16 @@ EVENTS_RECEIVED = Counter(
 EVENTS_REJECTED = Counter(
     "matcher_events_rejected_total", "Records quarantined, by reason code.", ["reason"]
 )
-MATCHES = Counter("matcher_matches_total", "Waits resolved by an event during ingest.")
+# Every reason is present from the start, at 0: a rate over a series that appears only at
+# the first rejection would miss that first one.
+for _reason in REASONS:
+    EVENTS_REJECTED.labels(_reason)
+DEAD_LETTERS_DROPPED = Counter(
+    "matcher_dead_letters_dropped_total",
+    "Rejected records not copied to the dead-letter topic (its queue full, or Kafka failing);"
+    " each is still in the quarantine table.",
+)
+MATCHES = Counter("matcher_matches_total", "Waits resolved by an event.")
 LATE_EVENTS = Counter(
     "matcher_late_events_total", "Events that matched a wait already timed out or cancelled."
 )

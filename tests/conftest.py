@@ -26,7 +26,7 @@ import pytest
 from psycopg import sql
 
 from matcher.config import Settings
-from matcher.kafka.topics import delete_topics, ensure_topics
+from matcher.kafka.topics import EVENT_TOPIC_CONFIGS, delete_topics, ensure_topics
 from matcher.store.migrate import migrate
 
 
@@ -170,6 +170,7 @@ def settings(services: Services, db_url: str) -> Iterator[Settings]:
             result.kafka_client_options(),
             [result.events_topic, result.resume_topic],
             partitions=result.topic_partitions,
+            configs={result.events_topic: EVENT_TOPIC_CONFIGS},
         )
     )
     yield result

@@ -9,6 +9,7 @@ its supervisor restarts it rather than leaving it half-working.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 
@@ -22,9 +23,12 @@ from matcher.config import Settings
 from matcher.daemon import stats
 from matcher.daemon.ingest import Ingest
 from matcher.daemon.janitor import Janitor
+from matcher.daemon.notifications import listen
 from matcher.daemon.registry_watch import RegistryHolder
 from matcher.daemon.relay import Relay
+from matcher.daemon.rematch import Rematch
 from matcher.daemon.sweeper import Sweeper
+from matcher.kafka.topics import TIMESTAMP_TYPE, events_timestamp_type
 
 log = logging.getLogger("matcher.daemon")
 
@@ -49,7 +53,22 @@ async def _check_kafka(settings: Settings) -> list[str]:
         ) from exc
     finally:
         await admin.close()
-    return [t for t in (settings.events_topic, settings.resume_topic) if t not in topics]
+    wanted = [settings.events_topic, settings.resume_topic, settings.dead_letter_topic]
+    return [t for t in wanted if t is not None and t not in topics]
+
+
+async def _warn_on_create_time(settings: Settings) -> None:
+    kind = await events_timestamp_type(settings)
+    if kind is not None and kind != "LogAppendTime":
+        log.warning(
+            "the events topic keeps producer timestamps (%s=%s): signature freshness is "
+            "judged at read time instead, so a backlog longer than "
+            "MATCHER_SIGNATURE_TOLERANCE_S quarantines valid events as expired_timestamp; "
+            "`matcher migrate` sets LogAppendTime",
+            TIMESTAMP_TYPE,
+            kind,
+            extra={"topic": settings.events_topic},
+        )
 
 
 async def _open_pool(settings: Settings) -> AsyncConnectionPool:
@@ -115,6 +134,7 @@ async def run(
                 raise StartupError(
                     f"topics {', '.join(missing)} do not exist: run `matcher migrate` first"
                 )
+            await _warn_on_create_time(settings)
             registry = RegistryHolder(settings)
             try:
                 registry.load_initial()
@@ -127,7 +147,9 @@ async def run(
                 )
             relay = Relay(settings, pool, stop)
             ingest = Ingest(settings, pool, stop, on_resolved=relay.nudge, registry=registry)
+            rematch = Rematch(settings, pool, stop, on_resolved=relay.nudge)
             sweeper = Sweeper(settings, pool, stop, on_resolved=relay.nudge)
+            wake = {"matcher_outbox": relay.nudge, "matcher_match": rematch.nudge}
             janitor = Janitor(settings, pool, stop)
             admin = AdminServer(
                 AdminState(
@@ -143,6 +165,7 @@ async def run(
                 asyncio.create_task(stats.run(pool, stop, settings.stats_interval_s), name="stats"),
                 asyncio.create_task(ingest.run(), name="ingest"),
                 asyncio.create_task(relay.run(), name="relay"),
+                asyncio.create_task(rematch.run(), name="rematch"),
                 asyncio.create_task(sweeper.run(), name="sweeper"),
                 asyncio.create_task(janitor.run(), name="janitor"),
                 asyncio.create_task(registry.watch(stop), name="registry"),
@@ -156,7 +179,16 @@ async def run(
                     "group": settings.consumer_group,
                 },
             )
-            await _supervise(stop, tasks, settings.shutdown_timeout_s)
+            # Wake-ups only; not supervised (it reconnects on its own, and the loops poll).
+            listener = asyncio.create_task(
+                listen(settings.database_url.get_secret_value(), wake), name="listener"
+            )
+            try:
+                await _supervise(stop, tasks, settings.shutdown_timeout_s)
+            finally:
+                listener.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await listener
             log.info("stopping")
         finally:
             await pool.close()

@@ -9,28 +9,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
 
 import psycopg
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 from psycopg_pool import AsyncConnectionPool
 
-from matcher.admin import metrics
-from matcher.admin.metrics import EVENTS_RECEIVED, EVENTS_REJECTED
-from matcher.auth.check import Policy
+from matcher import metrics
+from matcher.auth.gate import judge
+from matcher.auth.policy import Policy
 from matcher.auth.registry import Registry
 from matcher.config import Settings
 from matcher.daemon.faults import crash_point
 from matcher.daemon.janitor import ensure_days
 from matcher.daemon.registry_watch import RegistryHolder
 from matcher.domain.events import Rejection
-from matcher.kafka.binding import inspect_record
+from matcher.kafka.binding import raw_record
 from matcher.kafka.commits import OffsetCommitter
+from matcher.kafka.dead_letters import DeadLetters
+from matcher.kafka.fetch import FetchedRecord, SafeFetcher
+from matcher.metrics import EVENTS_RECEIVED, EVENTS_REJECTED
 from matcher.store.ingest import BatchResult, ConcurrentInsert, IngestRecord, store_batch
+from matcher.store.quarantine_rows import Bounds
 
 log = logging.getLogger("matcher.ingest")
 
@@ -72,22 +76,28 @@ def _names(partitions: Sequence[TopicPartition]) -> str:
 
 
 def to_ingest_records(
-    batch: dict[TopicPartition, list[Any]], registry: Registry, policy: Policy
+    batch: dict[TopicPartition, list[FetchedRecord]], registry: Registry, policy: Policy
 ) -> list[IngestRecord]:
-    now = datetime.now(UTC)
+    read_at = datetime.now(UTC)
     records: list[IngestRecord] = []
     for tp, messages in batch.items():
         for m in messages:
-            headers = list(m.headers or ())
+            raw = raw_record(m, read_at)
+            verdict = (
+                judge(raw, registry, policy)
+                if m.undecodable is None
+                else Rejection("undecodable", m.undecodable)
+            )
             records.append(
                 IngestRecord(
                     topic=tp.topic,
                     partition=tp.partition,
                     offset=m.offset,
-                    key=m.key,
-                    value=m.value,
-                    headers=headers,
-                    parsed=inspect_record(headers, m.key, m.value, registry, policy, now),
+                    key=raw.key,
+                    value=raw.value,
+                    headers=raw.headers,
+                    parsed=verdict,
+                    arrived_at=raw.arrived_at,
                 )
             )
     return records
@@ -105,7 +115,16 @@ class Ingest:
         self._settings = settings
         self._registry = registry or RegistryHolder(settings)
         self._policy = settings.policy()
-        self._dead_letters: AIOKafkaProducer | None = None
+        self._dead_letters = (
+            None
+            if settings.dead_letter_topic is None
+            else DeadLetters(settings, settings.dead_letter_topic)
+        )
+        self._bounds = Bounds(
+            value_bytes=settings.max_event_bytes,
+            header_bytes=settings.max_header_bytes,
+            headers=settings.max_headers,
+        )
         self.joined = False
         self._pool = pool
         self._stop = stop
@@ -127,21 +146,28 @@ class Ingest:
             session_timeout_ms=s.kafka_session_timeout_ms,
             heartbeat_interval_ms=s.kafka_heartbeat_interval_ms,
         )
-        consumer.subscribe([s.events_topic], listener=_Revocations(self._batch_lock, self))
+        # Every fetch goes through the fetcher, which hands over what the client cannot
+        # decode as undecodable records instead of failing (and told of rebalances).
+        fetcher = SafeFetcher(consumer)
+        consumer.subscribe(
+            [s.events_topic],
+            listener=fetcher.rebalance_listener(_Revocations(self._batch_lock, self)),
+        )
         self.consumer = consumer
         self.committer = committer = OffsetCommitter(consumer)
-        if s.dead_letter_topic is not None:
-            self._dead_letters = AIOKafkaProducer(
-                **s.kafka_client_options(), enable_idempotence=True, acks="all"
-            )
-            await self._dead_letters.start()
+        letters_stop = asyncio.Event()
+        letters = (
+            None
+            if self._dead_letters is None
+            else asyncio.create_task(self._dead_letters.run(letters_stop), name="dead-letters")
+        )
         await consumer.start()
         # One batch is parsed (CPU, here) while the one before is in Postgres (I/O, in a
         # task): batches are still stored and their offsets committed strictly in order.
         in_flight: asyncio.Task[None] | None = None
         try:
             while not self._stop.is_set():
-                batch = await consumer.getmany(
+                batch = await fetcher.getmany(
                     timeout_ms=s.ingest_poll_timeout_ms, max_records=s.ingest_batch_max
                 )
                 records = to_ingest_records(batch, self._registry.current, self._policy)
@@ -166,14 +192,15 @@ class Ingest:
             await consumer.stop()
             metrics.ASSIGNED_PARTITIONS.set(0)
             metrics.CONSUMER_LAG.clear()
-            if self._dead_letters is not None:
-                await self._dead_letters.stop()
+            letters_stop.set()
+            if letters is not None:
+                await letters
             log.info("ingest stopped")
 
     async def _handle_locked(
         self,
         committer: OffsetCommitter,
-        batch: dict[TopicPartition, list[Any]],
+        batch: dict[TopicPartition, list[FetchedRecord]],
         records: list[IngestRecord],
     ) -> None:
         try:
@@ -184,7 +211,7 @@ class Ingest:
     async def _handle(
         self,
         committer: OffsetCommitter,
-        batch: dict[TopicPartition, list[Any]],
+        batch: dict[TopicPartition, list[FetchedRecord]],
         records: list[IngestRecord],
     ) -> None:
         metrics.BATCH_SIZE.observe(len(records))
@@ -193,8 +220,9 @@ class Ingest:
         crash_point("ingest.after_db_commit")
         if result.matched:
             self._on_resolved()
-        self._count(records, result)
-        await self._copy_to_dead_letters(records)
+        self._count(result)
+        if self._dead_letters is not None:
+            self._dead_letters.offer(result.rejected)
         # Committed in the background, in order: the next batch need not wait for it.
         committer.submit(
             {tp: messages[-1].offset + 1 for tp, messages in batch.items() if messages}
@@ -227,51 +255,23 @@ class Ingest:
                 done = await consumer.position(tp)
             metrics.CONSUMER_LAG.labels(str(tp.partition)).set(max(0, end - done))
 
-    def _count(self, records: list[IngestRecord], result: BatchResult) -> None:
+    def _count(self, result: BatchResult) -> None:
         metrics.MATCHES.inc(result.matched)
         metrics.LATE_EVENTS.inc(result.late)
         EVENTS_RECEIVED.labels("accepted").inc(result.accepted)
         EVENTS_RECEIVED.labels("duplicate").inc(result.duplicates)
         EVENTS_RECEIVED.labels("rejected").inc(result.quarantined)
-        for record in records:
-            if isinstance(record.parsed, Rejection):
-                EVENTS_REJECTED.labels(record.parsed.reason).inc()
-                log.info(
-                    "event quarantined",
-                    extra={
-                        "reason": record.parsed.reason,
-                        "partition": record.partition,
-                        "offset": record.offset,
-                        **record.parsed.seen,
-                    },
-                )
-
-    async def _copy_to_dead_letters(self, records: list[IngestRecord]) -> None:
-        """Copy rejected records to the dead-letter topic. The quarantine row is the
-        durable record, so a failure here is logged, never fatal (and a redelivery of the
-        batch copies them again: at least once)."""
-        if self._dead_letters is None:
-            return
-        rejected = [r for r in records if isinstance(r.parsed, Rejection)]
-        if not rejected:
-            return
-        topic = self._settings.dead_letter_topic
-        try:
-            futures = []
-            for r in rejected:
-                assert isinstance(r.parsed, Rejection)
-                headers = [(k, v or b"") for k, v in r.headers] + [
-                    ("matcher-reason", r.parsed.reason.encode()),
-                    ("matcher-detail", r.parsed.detail.encode()[:1000]),
-                    ("matcher-origin", f"{r.topic}/{r.partition}/{r.offset}".encode()),
-                ]
-                futures.append(
-                    await self._dead_letters.send(topic, r.value, key=r.key, headers=headers)
-                )
-            await asyncio.gather(*futures)
-        except KafkaError as exc:
-            log.error(
-                "dead-letter copy failed", extra={"error": repr(exc), "records": len(rejected)}
+        for record in result.rejected:
+            assert isinstance(record.parsed, Rejection)
+            EVENTS_REJECTED.labels(record.parsed.reason).inc()
+            log.info(
+                "event quarantined",
+                extra={
+                    "reason": record.parsed.reason,
+                    "partition": record.partition,
+                    "offset": record.offset,
+                    **record.parsed.seen,
+                },
             )
 
     async def _store(self, records: list[IngestRecord]) -> BatchResult:
@@ -281,7 +281,10 @@ class Ingest:
             try:
                 async with self._pool.connection() as conn:
                     return await store_batch(
-                        conn, records, lambda: crash_point("ingest.in_transaction")
+                        conn,
+                        records,
+                        lambda: crash_point("ingest.in_transaction"),
+                        self._bounds,
                     )
             except _TRANSIENT as exc:
                 log.warning(
@@ -316,22 +319,9 @@ class Ingest:
                 "record refused by the database; quarantined",
                 extra={"partition": record.partition, "offset": record.offset, "error": repr(exc)},
             )
-            refused = IngestRecord(
-                record.topic,
-                record.partition,
-                record.offset,
-                record.key,
-                record.value,
-                record.headers,
-                Rejection("malformed", f"refused by the database: {exc}"[:500]),
+            refused = dataclasses.replace(
+                record, parsed=Rejection("malformed", f"refused by the database: {exc}"[:500])
             )
             return await self._store([refused])
         middle = len(records) // 2
-        first = await self._store(records[:middle])
-        second = await self._store(records[middle:])
-        merged = BatchResult()
-        for part in (first, second):
-            for name, value in part.__dict__.items():
-                current = getattr(merged, name)
-                setattr(merged, name, current + value)
-        return merged
+        return await self._store(records[:middle]) + await self._store(records[middle:])

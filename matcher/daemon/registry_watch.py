@@ -12,9 +12,9 @@ import logging
 import signal
 from pathlib import Path
 
-from matcher.admin.metrics import REGISTRY_RELOADS
 from matcher.auth.registry import Registry, RegistryError, load_registry
 from matcher.config import Settings
+from matcher.metrics import REGISTRY_RELOADS
 
 log = logging.getLogger("matcher.registry")
 

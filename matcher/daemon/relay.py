@@ -4,7 +4,8 @@ Delivery is at least once (invariant 9): a row is marked published only after Ka
 acknowledged it (idempotent producer, acks=all), so a crash in between publishes it again,
 and the worker SDK's ``advance`` turns the duplicate into a no-op. The relay wakes on a
 Postgres NOTIFY sent by every transaction that writes the outbox (and, in this process, a
-direct nudge from ingest), with a slow poll as a safety net.
+direct nudge from ingest; see matcher.daemon.notifications), with a slow poll as a safety
+net.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from psycopg.rows import args_row
 from psycopg_pool import AsyncConnectionPool
 
-from matcher.admin import metrics
+from matcher import metrics
 from matcher.config import Settings
 from matcher.daemon.faults import crash_point
 from matcher.store.sql import query
@@ -97,7 +98,6 @@ class Relay:
         self._wake.set()
 
     async def run(self) -> None:
-        listener = asyncio.create_task(self._listen(), name="relay-listen")
         try:
             delay = 0.1
             while not self._stop.is_set():
@@ -130,9 +130,6 @@ class Relay:
                     await self._sleep(delay)
                     delay = min(delay * 2, 5.0)
         finally:
-            listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await listener
             log.info("relay stopped", extra={"published": self.published})
 
     async def _sleep(self, seconds: float) -> None:
@@ -185,19 +182,3 @@ class Relay:
         self.published += len(rows)
         _observe(rows)
         return len(rows)
-
-    async def _listen(self) -> None:
-        """Turn NOTIFY matcher_outbox from any process into a nudge; reconnect on loss."""
-        url = self._settings.database_url.get_secret_value()
-        while True:
-            try:
-                async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-                    await conn.execute("LISTEN matcher_outbox")
-                    self.nudge()  # anything committed while we were not listening
-                    async for _ in conn.notifies():
-                        self.nudge()
-            except psycopg.Error as exc:
-                log.warning(
-                    "outbox listener lost its connection; reconnecting", extra={"error": repr(exc)}
-                )
-                await asyncio.sleep(1.0)

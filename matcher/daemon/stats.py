@@ -10,7 +10,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from matcher.admin import metrics
+from matcher import metrics
 from matcher.store.sql import query
 
 log = logging.getLogger("matcher.stats")

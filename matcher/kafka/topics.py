@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+
+if TYPE_CHECKING:
+    from matcher.config import Settings
+
+# Event topics keep the broker's append time as each record's timestamp: the arrival the
+# gate judges signature freshness against (a producer cannot choose it).
+TIMESTAMP_TYPE = "message.timestamp.type"
+EVENT_TOPIC_CONFIGS = {TIMESTAMP_TYPE: "LogAppendTime"}
+# DescribeConfigs v1+: where a value comes from; 1 = set on this topic.
+_DYNAMIC_TOPIC_CONFIG = 1
 
 
 async def ensure_topics(
@@ -15,8 +26,9 @@ async def ensure_topics(
     *,
     partitions: int,
     replication_factor: int | None = None,
+    configs: Mapping[str, Mapping[str, str]] | None = None,
 ) -> list[str]:
-    """Create each missing topic; return the names this call created.
+    """Create each missing topic (with ``configs[name]``); return the names created.
 
     Without a ``replication_factor``, topics get three replicas, or one per broker on a
     cluster with fewer than three brokers (a development single node gets one).
@@ -33,7 +45,15 @@ async def ensure_topics(
             cluster = await admin.describe_cluster()
             replication_factor = max(1, min(3, len(cluster["brokers"])))
         response = await admin.create_topics(
-            [NewTopic(name, partitions, replication_factor) for name in missing]
+            [
+                NewTopic(
+                    name,
+                    partitions,
+                    replication_factor,
+                    topic_configs=dict((configs or {}).get(name, {})),
+                )
+                for name in missing
+            ]
         )
         created: list[str] = []
         for topic_error in response.topic_errors:
@@ -61,3 +81,87 @@ async def delete_topics(client_options: dict[str, Any], names: Iterable[str]) ->
             await admin.delete_topics(doomed)
     finally:
         await admin.close()
+
+
+async def topic_configs(client_options: dict[str, Any], topic: str) -> dict[str, tuple[str, bool]]:
+    """Every config of ``topic``: name to (value, set on the topic itself)."""
+    admin = AIOKafkaAdminClient(**client_options)
+    await admin.start()
+    try:
+        responses = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, topic, None)]
+        )
+    finally:
+        await admin.close()
+    found: dict[str, tuple[str, bool]] = {}
+    for response in responses:
+        for resource in response.resources:
+            error_code, error_message = resource[0], resource[1]
+            if error_code != 0:
+                raise RuntimeError(f"cannot describe topic {topic!r}: {error_message}")
+            for entry in resource[4]:
+                name, value, source = entry[0], entry[1], entry[3]
+                found[name] = (value, source == _DYNAMIC_TOPIC_CONFIG)
+    return found
+
+
+async def set_topic_config(
+    client_options: dict[str, Any], topic: str, name: str, value: str
+) -> None:
+    """Set one config of ``topic``, keeping the others set on it.
+
+    (The admin client has only the non-incremental AlterConfigs, which replaces every
+    config set on the topic: the current ones are sent along.)
+    """
+    current = await topic_configs(client_options, topic)
+    kept = {key: val for key, (val, own) in current.items() if own and val is not None}
+    kept[name] = value
+    admin = AIOKafkaAdminClient(**client_options)
+    await admin.start()
+    try:
+        responses = await admin.alter_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, topic, kept)]
+        )
+    finally:
+        await admin.close()
+    for response in responses:
+        for resource in response.resources:
+            if resource[0] != 0:
+                raise RuntimeError(f"cannot set {name} on topic {topic!r}: {resource[1]}")
+
+
+async def prepare_topics(settings: Settings) -> list[str]:
+    """What ``matcher migrate`` does on Kafka: create the missing topics (the events topic
+    with broker timestamps), and move an existing events topic to broker timestamps.
+    Returns one line per thing done."""
+    options = settings.kafka_client_options()
+    names = [settings.events_topic, settings.resume_topic]
+    if settings.dead_letter_topic is not None:
+        names.append(settings.dead_letter_topic)
+    created = await ensure_topics(
+        options,
+        names,
+        partitions=settings.topic_partitions,
+        replication_factor=settings.topic_replication_factor,
+        configs={settings.events_topic: EVENT_TOPIC_CONFIGS},
+    )
+    done = [f"created topic {name} ({settings.topic_partitions} partitions)" for name in created]
+    if settings.events_topic not in created:
+        value, _ = (await topic_configs(options, settings.events_topic))[TIMESTAMP_TYPE]
+        if value != "LogAppendTime":
+            await set_topic_config(options, settings.events_topic, TIMESTAMP_TYPE, "LogAppendTime")
+            done.append(
+                f"set {TIMESTAMP_TYPE}=LogAppendTime on {settings.events_topic} (was {value}): "
+                "signatures are judged fresh against the broker's arrival time"
+            )
+    return done
+
+
+async def events_timestamp_type(settings: Settings) -> str | None:
+    """The events topic's timestamp type, or None when it cannot be read."""
+    try:
+        configs = await topic_configs(settings.kafka_client_options(), settings.events_topic)
+    except (RuntimeError, KafkaError, OSError):
+        return None
+    entry = configs.get(TIMESTAMP_TYPE)
+    return None if entry is None else entry[0]

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 from prometheus_client import REGISTRY
 
-import matcher.admin.metrics  # noqa: F401 - registers every metric
+import matcher.metrics  # noqa: F401 - registers every metric
 
 OPS = Path(__file__).parents[2] / "ops"
 _NAME = re.compile(r"\bmatcher_[a-z_]+\b")
