@@ -55,12 +55,22 @@ chart-check: ## Lint and render the Helm chart; check bad values are refused (bu
 test: lint chart-check ## Lint, check the chart, then every test against real Kafka and Postgres.
 	$(USE_ENV); $(BIN)/pytest
 
-# The long campaign: every crash point CRASH_ITERATIONS times under load, the fault tests
-# FAULT_ROUNDS times, and the races and the stateful test with far more examples.
+# The long campaign: the gate fuzzed with FUZZ_INPUTS inputs (and coverage-guided with
+# atheris), every crash point CRASH_ITERATIONS times under load, the fault tests
+# FAULT_ROUNDS times, the races and the stateful test with far more examples, the property
+# test at length, and the replay window after a 10-minute outage (tolerance 5 minutes).
 CRASH_ITERATIONS ?= 50
 FAULT_ROUNDS ?= 10
-campaign: install ## Long crash/fault/race campaign (tens of minutes; not part of `make test`).
+FUZZ_INPUTS ?= 1000000
+campaign: install ## Long fuzz/crash/fault/race campaign (an hour or more; not part of `make test`).
+	$(BIN)/python -m tests.fuzzing.campaign --inputs $(FUZZ_INPUTS)
+	$(BIN)/python -m pip install --quiet atheris && \
+	  $(BIN)/python -m tests.fuzzing.campaign --engine atheris --inputs $$(( $(FUZZ_INPUTS) / 5 ))
+	MATCHER_TEST_PROPERTY_EXAMPLES=50000 MATCHER_TEST_FUZZ_EXAMPLES=50000 \
+	  $(BIN)/pytest -q tests/unit/test_gate_properties.py tests/unit/test_fuzz_gate.py
 	$(USE_ENV); \
+	MATCHER_TEST_OUTAGE_S=600 MATCHER_TEST_TOLERANCE_S=300 \
+	  $(BIN)/pytest -q tests/integration/test_adversary.py -k daemon_was_down && \
 	MATCHER_TEST_CRASH_ITERATIONS=$(CRASH_ITERATIONS) $(BIN)/pytest -q tests/integration/test_crash.py && \
 	MATCHER_TEST_RACE_ROUNDS=300 MATCHER_TEST_PAIRS=5000 $(BIN)/pytest -q tests/integration/test_concurrency.py && \
 	MATCHER_TEST_STATEFUL_EXAMPLES=1000 $(BIN)/pytest -q tests/integration/test_stateful.py && \
