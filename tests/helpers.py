@@ -186,12 +186,42 @@ def process_env(settings: Settings, **extra: str) -> dict[str, str]:
     return env
 
 
+def run_cli(
+    settings: Settings, *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``matcher ARGS`` as a process with these settings (bounded in time)."""
+    return subprocess.run(
+        [sys.executable, "-m", "matcher", *args],
+        env=process_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 @contextlib.contextmanager
 def db(settings: Settings) -> Iterator[psycopg.Connection[dict[str, Any]]]:
     with psycopg.connect(
         settings.database_url.get_secret_value(), autocommit=True, row_factory=dict_row
     ) as conn:
         yield conn
+
+
+class RawHeaderName(str):
+    """A header name that is not UTF-8, for producing hostile records: aiokafka's
+    pure-Python record batch builder writes a name as ``name.encode("utf-8")``, and this
+    str answers that with the raw bytes."""
+
+    raw: bytes
+
+    def __new__(cls, raw: bytes) -> RawHeaderName:
+        name = super().__new__(cls, raw.decode("latin-1"))
+        name.raw = raw
+        return name
+
+    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        return self.raw
 
 
 UNSIGNED = Policy(require_signatures=False)
@@ -269,16 +299,22 @@ async def eventually(
         await asyncio.sleep(interval)
 
 
-async def read_resumes(
-    settings: Settings, *, at_least: int, timeout: float = 60, settle: float = 0.5
-) -> list[ResumeData]:
-    """Every resume on the topic from the beginning: at least ``at_least``, then any more
-    that arrive within ``settle`` seconds (so duplicates are seen too)."""
+async def read_resume_messages(
+    settings: Settings,
+    *,
+    at_least: int,
+    timeout: float = 60,
+    settle: float = 0.5,
+    keep: Callable[[bytes], bool] = lambda _: True,
+) -> list[bytes]:
+    """Every resume message on the topic from the beginning, as published (bytes) and
+    accepted by ``keep``: at least ``at_least``, then any more that arrive within
+    ``settle`` seconds (so duplicates are seen too)."""
     consumer = AIOKafkaConsumer(
         **settings.kafka_client_options(), group_id=None, enable_auto_commit=False
     )
     await consumer.start()
-    found: list[ResumeData] = []
+    found: list[bytes] = []
     try:
         partitions = [
             TopicPartition(settings.resume_topic, p) for p in range(settings.topic_partitions)
@@ -289,8 +325,8 @@ async def read_resumes(
         quiet_since = time.monotonic()
         while time.monotonic() < deadline:
             batch = await consumer.getmany(timeout_ms=100)
-            got = [r for records in batch.values() for r in records]
-            found.extend(parse_resume(r.value) for r in got)
+            got = [r.value for records in batch.values() for r in records]
+            found.extend(value for value in got if keep(value))
             if got:
                 quiet_since = time.monotonic()
             elif len(found) >= at_least and time.monotonic() - quiet_since >= settle:
@@ -300,6 +336,16 @@ async def read_resumes(
     if len(found) < at_least:
         raise AssertionError(f"{len(found)} resumes, expected at least {at_least}")
     return found
+
+
+async def read_resumes(
+    settings: Settings, *, at_least: int, timeout: float = 60, settle: float = 0.5
+) -> list[ResumeData]:
+    """``read_resume_messages``, parsed."""
+    messages = await read_resume_messages(
+        settings, at_least=at_least, timeout=timeout, settle=settle
+    )
+    return [parse_resume(m) for m in messages]
 
 
 def outcome_counts(settings: Settings) -> dict[str, int]:

@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -23,7 +21,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
 from matcher_producer import CompletionEvent as ProducerEvent
@@ -45,12 +43,15 @@ from matcher.sdk import (
 )
 from tests.helpers import (
     DaemonProcess,
+    RawHeaderName,
     env_flag,
     eventually,
     process_env,
     produce_raw,
+    read_resume_messages,
     read_resumes,
     rows,
+    run_cli,
     running_daemon,
     scalar,
 )
@@ -77,17 +78,6 @@ types = ["job.completed", "job.failed"]
 """
     )
     return path
-
-
-def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "matcher", *args],
-        env=process_env(settings),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 @pytest.fixture
@@ -222,52 +212,17 @@ def _rejected_total() -> float:
 
 async def _raw_resumes(settings: Settings, run_id: str, timeout: float = 60) -> list[bytes]:
     """The resume messages of ``run_id`` exactly as published (bytes), from the beginning."""
-    consumer = AIOKafkaConsumer(
-        **settings.kafka_client_options(), group_id=None, enable_auto_commit=False
-    )
-    await consumer.start()
-    found: list[bytes] = []
-    try:
-        partitions = [
-            TopicPartition(settings.resume_topic, p) for p in range(settings.topic_partitions)
-        ]
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        deadline = time.monotonic() + timeout
-        quiet_since = time.monotonic()
-        while time.monotonic() < deadline:
-            batch = await consumer.getmany(timeout_ms=100)
-            got = [r.value for records in batch.values() for r in records]
-            found.extend(v for v in got if json.loads(v)["data"]["run_id"] == run_id)
-            if got:
-                quiet_since = time.monotonic()
-            elif found and time.monotonic() - quiet_since >= 0.5:
-                break
-    finally:
-        await consumer.stop()
-    assert found, f"no resume for {run_id}"
-    return found
 
+    def of_run(value: bytes) -> bool:
+        return bool(json.loads(value)["data"]["run_id"] == run_id)
 
-class _RawName(str):
-    """A header name that is not UTF-8. aiokafka's pure-Python record builder writes a
-    header name as ``name.encode("utf-8")``; this str answers that with the raw bytes."""
-
-    raw: bytes
-
-    def __new__(cls, raw: bytes) -> _RawName:
-        name = super().__new__(cls, raw.decode("latin-1"))
-        name.raw = raw
-        return name
-
-    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
-        return self.raw
+    return await read_resume_messages(settings, at_least=1, timeout=timeout, keep=of_run)
 
 
 async def _send_with_raw_header_name(
     settings: Settings, key: bytes, headers: list[tuple[str, bytes]], value: bytes
 ) -> tuple[int, int]:
-    """Send one record whose headers may have non-UTF-8 names (``_RawName``), to the
+    """Send one record whose headers may have non-UTF-8 names (``RawHeaderName``), to the
     partition the default partitioner gives ``key``; return its (partition, offset).
 
     The producer's own batch builder is the compiled one, which encodes names itself, so
@@ -462,7 +417,7 @@ def _poison(kind: str) -> tuple[list[tuple[str, bytes]], bytes]:
         return list(record.headers), record.value
     assert kind == "non_utf8_header_name"
     _, record = _signed()
-    return [*record.headers, (_RawName(b"\xff\xfe"), b"x")], record.value
+    return [*record.headers, (RawHeaderName(b"\xff\xfe"), b"x")], record.value
 
 
 @pytest.mark.parametrize(
@@ -563,7 +518,7 @@ async def test_a_replay_is_judged_against_the_original_arrival(
             await eventually(lambda: _judged(s) == 1, what="the event judged")
         assert scalar(s, "SELECT reason FROM matcher.quarantine") == "bad_signature"
         with_k2 = _producers_file(tmp_path / "k2", {"k1": K1, "k2": K2})
-        replayed = _cli(
+        replayed = run_cli(
             s.model_copy(update={"producers_file": with_k2}),
             "quarantine",
             "replay",

@@ -22,24 +22,11 @@ from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
 
 from matcher.config import Settings
 from matcher.kafka.fetch import FetchedRecord, SafeFetcher
+from tests.helpers import RawHeaderName
 
 Test = Callable[..., Awaitable[None]]
 BAD_NAME = b"\xff\xfebad-\xc3"  # not UTF-8: aiokafka raises UnicodeDecodeError on it
 GZIP = 1
-
-
-class RawName(str):
-    """A header name that aiokafka's Python batch builder writes as the given bytes."""
-
-    raw: bytes
-
-    def __new__(cls, raw: bytes) -> RawName:
-        name = super().__new__(cls, raw.decode("latin-1"))
-        name.raw = raw
-        return name
-
-    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
-        return self.raw
 
 
 @dataclass(frozen=True)
@@ -103,7 +90,7 @@ async def send_batch(
 ) -> list[Produced]:
     """Produce ``specs`` as one record batch on ``tp``; return where each record went."""
     batch = producer.create_batch()
-    # The Python builder encodes names with str.encode, so RawName's bytes go out as they are.
+    # The Python builder encodes names with str.encode, so RawHeaderName's bytes go out as they are.
     builder = _DefaultRecordBatchBuilderPy(2, compression, int(transactional), -1, -1, 0, 1 << 20)
     batch._builder = builder
     # aiokafka insists on its C builder when it sets the producer id (idempotence and
@@ -111,7 +98,7 @@ async def send_batch(
     batch._set_producer_state = builder.set_producer_state
     for spec in specs:
         headers = [
-            (RawName(name) if spec.bad and name == BAD_NAME else name.decode(), value)
+            (RawHeaderName(name) if spec.bad and name == BAD_NAME else name.decode(), value)
             for name, value in spec.headers()
         ]
         assert batch.append(timestamp=None, key=spec.key, value=spec.value, headers=headers)

@@ -11,8 +11,6 @@ import base64
 import json
 import random
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -38,6 +36,7 @@ from tests.helpers import (
     produce_raw,
     read_resumes,
     rows,
+    run_cli,
     running_daemon,
     scalar,
 )
@@ -213,20 +212,6 @@ async def test_a_producer_cannot_resolve_another_tenants_wait(secure: Settings) 
     assert scalar(secure, "SELECT reason FROM matcher.quarantine") == "tenant_not_allowed"
 
 
-def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    env = process_env(settings)
-    env["MATCHER_ALLOW_UNSIGNED"] = "false"
-    env["MATCHER_PRODUCERS_FILE"] = str(settings.producers_file)
-    return subprocess.run(
-        [sys.executable, "-m", "matcher", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
 async def test_registry_reload_rotation_and_replay(secure: Settings, tmp_path: Path) -> None:
     env = process_env(secure)
     env.update(
@@ -297,16 +282,16 @@ async def test_registry_reload_rotation_and_replay(secure: Settings, tmp_path: P
 
         # Replay: the early k2 event passes now (judged as of its arrival) and resolves.
         [row] = rows(secure, "SELECT id FROM matcher.quarantine WHERE event_id = %s", [early_k2.id])
-        replayed = _cli(secure, "quarantine", "replay", str(row["id"]), "--json")
+        replayed = run_cli(secure, "quarantine", "replay", str(row["id"]), "--json")
         assert replayed.returncode == 0, replayed.stderr
         assert json.loads(replayed.stdout) == [
             {"id": row["id"], "result": "accepted", "detail": ""}
         ]
-        again = _cli(secure, "quarantine", "replay", str(row["id"]))
+        again = run_cli(secure, "quarantine", "replay", str(row["id"]))
         assert again.returncode == 1  # already replayed
-        still_bad = _cli(secure, "quarantine", "replay", "--reason", "bad_signature", "--json")
+        still_bad = run_cli(secure, "quarantine", "replay", "--reason", "bad_signature", "--json")
         assert [o["result"] for o in json.loads(still_bad.stdout)] == ["bad_signature"]
-        listed = _cli(secure, "quarantine", "list", "--json")
+        listed = run_cli(secure, "quarantine", "list", "--json")
         assert {q["event_id"]: q["replay_result"] for q in json.loads(listed.stdout)} == {
             early_k2.id: "accepted",
             retired.id: None,
@@ -337,7 +322,7 @@ async def test_replaying_a_duplicate_is_recognised(secure: Settings) -> None:
         secure.producers_file.read_text()  # type: ignore[union-attr]
         + f'\n[[producers."billing-svc".keys]]\nid = "x"\nhmac_secret = "{STRANGER}"\n'
     )
-    result = _cli(
+    result = run_cli(
         secure.model_copy(update={"producers_file": extra}),
         "quarantine",
         "replay",

@@ -24,24 +24,11 @@ from matcher.kafka.raw_records import (
     problem_of,
     read_records,
 )
+from tests.helpers import RawHeaderName
 
 Record = tuple[int, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]
 GZIP = 1
 NOT_UTF8 = "header name is not UTF-8"
-
-
-class RawName(str):
-    """A header name that aiokafka's Python builder writes as the given bytes."""
-
-    raw: bytes
-
-    def __new__(cls, raw: bytes) -> RawName:
-        name = super().__new__(cls, raw.decode("latin-1"))
-        name.raw = raw
-        return name
-
-    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
-        return self.raw
 
 
 def build(
@@ -132,7 +119,7 @@ def test_reads_what_aiokafka_reads(
 
 
 def test_keeps_names_aiokafka_refuses() -> None:
-    name = RawName(b"\xff\xfe-x")
+    name = RawHeaderName(b"\xff\xfe-x")
     data = build(
         [(1, b"k", b"good", [("a", b"1")]), (2, None, b"bad", [("a", b"1"), (name, None)])],
         python=True,
@@ -147,7 +134,7 @@ def test_keeps_names_aiokafka_refuses() -> None:
 
 
 def _bad_in_middle(base: int = 100) -> bytes:
-    bad = [("n", b"v"), (RawName(b"\xc3\x28"), b"x")]
+    bad = [("n", b"v"), (RawHeaderName(b"\xc3\x28"), b"x")]
     batch = [(5, b"k", f"v{i}".encode(), bad if i in (2, 3) else [("n", b"v")]) for i in range(6)]
     return build(batch, base_offset=base, python=True)
 
@@ -195,7 +182,7 @@ def test_locate_a_batch_failing_its_crc() -> None:
 
 
 def test_locate_skips_aborted_transactions_and_control_batches() -> None:
-    bad = [(RawName(b"\xff"), b"x")]
+    bad = [(RawHeaderName(b"\xff"), b"x")]
     aborted = build(
         [(1, None, b"a0", []), (1, None, b"a1", bad), (1, None, b"a2", [])],
         base_offset=0,
