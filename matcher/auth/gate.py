@@ -23,7 +23,7 @@ from datetime import UTC
 from pydantic import ValidationError
 
 from matcher.auth.policy import Policy
-from matcher.auth.record import RawRecord, View, parse_time, read_view
+from matcher.auth.record import Claim, RawRecord, View, claim, parse_time, read_view
 from matcher.auth.registry import Producer, Registry
 from matcher.auth.signatures import (
     TooManySignatures,
@@ -35,48 +35,57 @@ from matcher.auth.signatures import (
 from matcher.domain.events import CompletionEvent, Rejection
 
 _UNIX_SECONDS = re.compile(rb"[0-9]{1,12}")
+# No header name is anywhere near this; a bound keeps the look-alike check cheap.
+MAX_HEADER_NAME_BYTES = 256
 
 
 def judge(record: RawRecord, registry: Registry, policy: Policy) -> CompletionEvent | Rejection:
-    """Whether ``record`` may enter the inbox, and as which event."""
-    read = _read(record, policy)
-    if isinstance(read, Rejection):
-        return read
-    view, event = read
-    seen = _seen(event)
-    producer = registry.producers.get(event.source)
+    """Whether ``record`` may enter the inbox, and as which event.
+
+    The signature is checked against the record's cheap claim (its mode, headers and
+    claimed source and id) before the strict reading walks any JSON, so a sender without
+    a key costs a hash, not a parse.
+    """
+    claimed = _claim(record, policy)
+    if isinstance(claimed, Rejection):
+        return claimed
+    producer = registry.producers.get(claimed.source)
     # Unsigned events pass only where the operator allowed them and named no producers; a
-    # signature that is present is always checked.
-    signed = b"webhook-signature" in view.reserved
+    # registered producer always signs, and a signature that is present is always checked.
+    signed = b"webhook-signature" in claimed.reserved
     if producer is None:
         if policy.require_signatures or registry.producers or signed:
-            return Rejection(
-                "unknown_producer", f"no producer {event.source!r} is registered", seen
+            return claimed.partial.reject(
+                "unknown_producer", f"no producer {claimed.source!r} is registered"
             )
-    elif policy.require_signatures or signed:
-        refused = _check_signature(record, view, event, producer, policy)
+    else:
+        refused = _check_signature(record, claimed, producer, policy)
         if refused is not None:
-            return Rejection(refused.reason, refused.detail, seen)
-    refused = _check_allowed(event, producer, registry)
-    return event if refused is None else Rejection(refused.reason, refused.detail, seen)
+            return claimed.partial.reject(refused.reason, refused.detail)
+    read = _read(record, policy, claimed)
+    if isinstance(read, Rejection):
+        return read
+    if (read.source, read.id) != (claimed.source, claimed.id):
+        return claimed.partial.reject("ambiguous", "the strict reading differs from the claim")
+    refused = _check_allowed(read, producer, registry)
+    return read if refused is None else Rejection(refused.reason, refused.detail, _seen(read))
 
 
 def read(record: RawRecord, policy: Policy) -> CompletionEvent | Rejection:
-    """Steps 1 and 2 alone: the event ``record`` would be, trusted or not (for tools and
-    the benchmark; the daemon calls ``judge``)."""
-    found = _read(record, policy)
-    return found if isinstance(found, Rejection) else found[1]
+    """The event ``record`` would be, trusted or not (for tools and the benchmark; the
+    daemon calls ``judge``)."""
+    claimed = _claim(record, policy)
+    return claimed if isinstance(claimed, Rejection) else _read(record, policy, claimed)
 
 
-def _read(record: RawRecord, policy: Policy) -> tuple[View, CompletionEvent] | Rejection:
+def _claim(record: RawRecord, policy: Policy) -> Claim | Rejection:
     too_big = _check_bounds(record, policy)
-    if too_big is not None:
-        return too_big
-    view = read_view(record, policy.max_json_depth)
-    if isinstance(view, Rejection):
-        return view
-    event = _event(view)
-    return event if isinstance(event, Rejection) else (view, event)
+    return too_big if too_big is not None else claim(record)
+
+
+def _read(record: RawRecord, policy: Policy, claimed: Claim) -> CompletionEvent | Rejection:
+    view = read_view(record, policy.max_json_depth, claimed)
+    return view if isinstance(view, Rejection) else _event(view)
 
 
 def _check_bounds(record: RawRecord, policy: Policy) -> Rejection | None:
@@ -89,6 +98,10 @@ def _check_bounds(record: RawRecord, policy: Policy) -> Rejection | None:
         return Rejection(
             "limit_exceeded",
             f"{len(record.headers)} headers; the limit is {policy.max_headers}",
+        )
+    if any(len(name) > MAX_HEADER_NAME_BYTES for name, _ in record.headers):
+        return Rejection(
+            "limit_exceeded", f"a header name is longer than {MAX_HEADER_NAME_BYTES} bytes"
         )
     header_size = sum(len(k) + len(v or b"") for k, v in record.headers) + len(record.key or b"")
     if header_size > policy.max_header_bytes:
@@ -107,7 +120,9 @@ def _event(view: View) -> CompletionEvent | Rejection:
         if when is None:
             return Rejection("malformed", "time must be an RFC 3339 date-time with an offset")
     try:
-        return CompletionEvent(
+        # The data was read strictly already (strict_json): validating it again would walk
+        # it a second time, so it is put in after validation.
+        event = CompletionEvent(
             specversion=attributes["specversion"],
             id=attributes["id"],
             source=attributes["source"],
@@ -117,8 +132,8 @@ def _event(view: View) -> CompletionEvent | Rejection:
             jobid=attributes.get("jobid"),
             time=when,
             datacontenttype=view.datacontenttype,
-            data=view.data,
         )
+        return event.model_copy(update={"data": view.data})
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or 'event'}: "
@@ -139,16 +154,16 @@ def _seen(event: CompletionEvent) -> dict[str, str]:
 
 
 def _check_signature(
-    record: RawRecord, view: View, event: CompletionEvent, producer: Producer, policy: Policy
+    record: RawRecord, claimed: Claim, producer: Producer, policy: Policy
 ) -> Rejection | None:
-    webhook_id = view.reserved.get(b"webhook-id")
-    timestamp = view.reserved.get(b"webhook-timestamp")
-    signature = view.reserved.get(b"webhook-signature")
+    webhook_id = claimed.reserved.get(b"webhook-id")
+    timestamp = claimed.reserved.get(b"webhook-timestamp")
+    signature = claimed.reserved.get(b"webhook-signature")
     if not (webhook_id and timestamp and signature):
         return Rejection(
             "bad_signature", "webhook-id, webhook-timestamp and webhook-signature are required"
         )
-    if not hmac.compare_digest(webhook_id, event.id.encode()):
+    if not hmac.compare_digest(webhook_id, claimed.id.encode()):
         return Rejection("bad_signature", "webhook-id differs from the CloudEvent id")
     if not _UNIX_SECONDS.fullmatch(timestamp):
         return Rejection("bad_signature", "webhook-timestamp must be Unix seconds (1-12 digits)")
@@ -166,7 +181,7 @@ def _check_signature(
     except TooManySignatures as exc:
         return Rejection("limit_exceeded", str(exc))
     value = record.value or b""
-    content = value if view.structured else binary_content(view.reserved, value)
+    content = value if claimed.structured else binary_content(claimed.reserved, value)
     if verify(offered, signed_bytes(webhook_id, timestamp, content), producer.keys) is None:
         return Rejection("bad_signature", "no signature matches an active key of the producer")
     return None

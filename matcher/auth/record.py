@@ -22,6 +22,7 @@ The reading keeps only the attributes matcher uses and the signature covers (see
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
 from dataclasses import dataclass, field
@@ -179,8 +180,23 @@ def is_json_media_type(kind: str) -> bool:
     )
 
 
-def read_view(record: RawRecord, max_json_depth: int) -> View | Rejection:
-    """The canonical reading of ``record``, or why it has none."""
+@dataclass(frozen=True)
+class Claim:
+    """What a record says about itself before anything is verified: its mode, the headers
+    the gate reads, and who it claims to be from. Cheap to read (no JSON is walked in
+    binary mode, and only the C parser runs in structured mode), so that the signature is
+    checked before a sender without a key can cost any real work."""
+
+    structured: bool
+    reserved: dict[bytes, bytes]
+    media_type: str | None
+    source: str
+    id: str
+    partial: _Partial = field(compare=False)
+
+
+def claim(record: RawRecord) -> Claim | Rejection:
+    """The record's claim (see ``Claim``), or why it makes none that can be checked."""
     partial = _Partial()
     reserved = reserved_headers(record.headers, partial)
     if isinstance(reserved, Rejection):
@@ -189,13 +205,65 @@ def read_view(record: RawRecord, max_json_depth: int) -> View | Rejection:
     kind = None if content_type is None else media_type(content_type)
     if isinstance(kind, Rejection):
         return partial.reject(kind.reason, kind.detail)
-    if kind == STRUCTURED_MEDIA_TYPE:
-        return _structured(record, reserved, partial, max_json_depth)
-    if kind is not None and kind.startswith("application/cloudevents"):
+    structured = kind == STRUCTURED_MEDIA_TYPE
+    if not structured and kind is not None and kind.startswith("application/cloudevents"):
         return partial.reject(
             "malformed", f"{kind} is not supported: send one event per record, as JSON"
         )
-    return _binary(record, reserved, kind, partial, max_json_depth)
+    ids = _structured_ids(record, reserved, partial) if structured else _binary_ids(reserved)
+    if isinstance(ids, Rejection):
+        return partial.reject(ids.reason, ids.detail)
+    return Claim(structured, reserved, kind, ids[0], ids[1], partial)
+
+
+def _binary_ids(reserved: dict[bytes, bytes]) -> tuple[str, str] | Rejection:
+    try:
+        source = reserved.get(b"ce_source", b"").decode("utf-8")
+        event_id = reserved.get(b"ce_id", b"").decode("utf-8")
+    except UnicodeDecodeError:
+        return Rejection("malformed", "ce_source and ce_id must be UTF-8")
+    return source, event_id
+
+
+def _structured_ids(
+    record: RawRecord, reserved: dict[bytes, bytes], partial: _Partial
+) -> tuple[str, str] | Rejection:
+    mixed = sorted(name.decode() for name in reserved if name.startswith(CE_PREFIX))
+    if mixed:
+        return Rejection(
+            "ambiguous",
+            f"structured mode carries every attribute in the value; {', '.join(mixed[:5])} "
+            "beside it would be a second reading",
+        )
+    # The C parser only, to find the claimed source and id; the strict reading comes after
+    # the signature, and must agree with this one.
+    try:
+        envelope = json.loads(record.value or b"")
+    except (RecursionError, ValueError):
+        try:  # the strict reader says what is wrong
+            loads(record.value or b"")
+        except JsonRefused as exc:
+            return Rejection(exc.reason, f"value: {exc}")
+        return Rejection("malformed", "the value is not JSON")
+    if not isinstance(envelope, dict):
+        return Rejection("malformed", "a structured-mode event must be a JSON object")
+    partial.attributes.update(envelope)
+    source, event_id = envelope.get("source", ""), envelope.get("id", "")
+    if not (isinstance(source, str) and isinstance(event_id, str)):
+        return Rejection("malformed", "the attributes source and id must be strings")
+    return source, event_id
+
+
+def read_view(
+    record: RawRecord, max_json_depth: int, claimed: Claim | None = None
+) -> View | Rejection:
+    """The canonical reading of ``record`` (strict, whole), or why it has none."""
+    found = claim(record) if claimed is None else claimed
+    if isinstance(found, Rejection):
+        return found
+    if found.structured:
+        return _structured(record, found.reserved, found.partial, max_json_depth)
+    return _binary(record, found.reserved, found.media_type, found.partial, max_json_depth)
 
 
 def _binary(
@@ -244,13 +312,6 @@ def _binary(
 def _structured(
     record: RawRecord, reserved: dict[bytes, bytes], partial: _Partial, max_json_depth: int
 ) -> View | Rejection:
-    mixed = sorted(name.decode() for name in reserved if name.startswith(CE_PREFIX))
-    if mixed:
-        return partial.reject(
-            "ambiguous",
-            f"structured mode carries every attribute in the value; {', '.join(mixed[:5])} "
-            "beside it would be a second reading",
-        )
     try:
         envelope = loads(record.value or b"", max_depth=max_json_depth + 1)
     except JsonRefused as exc:

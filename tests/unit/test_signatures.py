@@ -223,6 +223,17 @@ def test_unsigned_policy() -> None:
     strict = inspect_record(record.headers, None, record.value, empty, Policy(), now)
     assert isinstance(strict, Rejection)
     assert strict.reason == "unknown_producer"
+    # With a producers file, a registered producer signs even where unsigned events are
+    # allowed: otherwise anyone could speak for it.
+    key = "whsec_" + base64.b64encode(b"d" * 32).decode()
+    named = parse_registry(
+        f'[producers.dev]\ntenants = ["*"]\ntypes = ["*"]\n'
+        f'[[producers.dev.keys]]\nid = "k"\nhmac_secret = "{key}"\n',
+        Path("."),
+    )
+    unsigned = inspect_record(record.headers, None, record.value, named, lenient, now)
+    assert isinstance(unsigned, Rejection)
+    assert unsigned.reason == "bad_signature"
 
 
 def test_size_limits() -> None:
