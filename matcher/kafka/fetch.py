@@ -51,7 +51,12 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.consumer.fetcher import PartitionRecords
-from aiokafka.errors import CorruptRecordException, IllegalStateError, KafkaError
+from aiokafka.errors import (
+    CorruptRecordException,
+    IllegalStateError,
+    KafkaError,
+    UnsupportedCodecError,
+)
 from aiokafka.protocol.fetch import FetchRequest
 
 from matcher.kafka.raw_records import Located, Piece, locate
@@ -440,7 +445,7 @@ async def _maybe_awaited(result: Any) -> None:
 
 def is_decoding_failure(exc: BaseException) -> bool:
     """Whether an exception out of ``getmany`` comes from decoding a fetched record."""
-    if isinstance(exc, CorruptRecordException):
+    if isinstance(exc, CorruptRecordException | UnsupportedCodecError):
         return True
     if isinstance(exc, KafkaError) or not isinstance(exc, Exception):
         return False

@@ -17,8 +17,9 @@ import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from aiokafka import codec
 from aiokafka.record.util import calc_crc32c
+
+from matcher.kafka import codecs
 
 Header = tuple[bytes, bytes | None]
 
@@ -240,23 +241,14 @@ def _is_abort_marker(batch: RawBatch) -> bool:
     return bool(struct.unpack_from(">h", key, 2)[0] == _ABORT)
 
 
-_DECODERS = {
-    1: codec.gzip_decode,
-    2: codec.snappy_decode,
-    3: codec.lz4_decode,
-    4: codec.zstd_decode,
-}
-
-
 def _decompressed(batch: RawBatch) -> bytes:
     compression = batch.attributes & _CODEC_MASK
     if compression == 0:
         return batch.body
-    decode = _DECODERS.get(compression)
-    if decode is None:
-        raise RawRecordError(f"unknown compression type {compression}")
-    try:
-        return bytes(decode(batch.body))
+    try:  # bounded, as aiokafka's own readers are (matcher.kafka.codecs)
+        return codecs.decode(compression, batch.body)
+    except codecs.TooLarge as exc:
+        raise RawRecordError(str(exc)) from exc
     except Exception as exc:  # each codec fails its own way; all of them mean "unreadable"
         raise RawRecordError(f"cannot decompress: {type(exc).__name__}") from exc
 
