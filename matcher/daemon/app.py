@@ -29,6 +29,7 @@ from matcher.daemon.relay import Relay
 from matcher.daemon.rematch import Rematch
 from matcher.daemon.sweeper import Sweeper
 from matcher.kafka.topics import TIMESTAMP_TYPE, events_timestamp_type
+from matcher.store.isolation import read_committed
 
 log = logging.getLogger("matcher.daemon")
 
@@ -78,6 +79,7 @@ async def _open_pool(settings: Settings) -> AsyncConnectionPool:
         max_size=settings.db_pool_max_size,
         open=False,
         name="matcher",
+        configure=read_committed,  # whatever the database's default (matcher.store.isolation)
     )
     try:
         await pool.open(wait=True, timeout=settings.startup_timeout_s)

@@ -28,6 +28,7 @@ from matcher.domain.matching import (
     decide_batch,
 )
 from matcher.domain.waits import WaitState
+from matcher.store.isolation import read_committed
 from matcher.store.quarantine_rows import (
     MAX_DETAIL,
     Bounds,
@@ -222,6 +223,7 @@ async def store_batch(
 
     ``before_commit`` runs inside the transaction, after every write (a test crash point).
     """
+    await read_committed(conn)
     events = _new_events(records)
     rejected = [r for r in records if isinstance(r.parsed, Rejection)]
     result = BatchResult(quarantined=len(rejected), rejected=rejected)

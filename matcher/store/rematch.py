@@ -24,6 +24,7 @@ from matcher.store.ingest import (
     resolve_by_events,
     wait_views,
 )
+from matcher.store.isolation import read_committed
 from matcher.store.sql import query
 
 # How soon a key whose waits were held by another transaction is looked at again.
@@ -45,6 +46,7 @@ def _pending(rows: list[tuple[Any, ...]]) -> list[NewEvent]:
 
 async def rematch_once(conn: AsyncConn, limit: int = 500) -> RematchResult:
     """Take up to ``limit`` due keys off the queue and match them, in one transaction."""
+    await read_committed(conn)
     async with conn.pipeline() as pipeline, conn.transaction():
         cur = await conn.execute(query("rematch", "claim_keys"), {"limit": limit})
         await pipeline.sync()

@@ -13,6 +13,7 @@ from psycopg.rows import dict_row
 from matcher.auth.record import RawRecord
 from matcher.domain.events import CompletionEvent, Rejection
 from matcher.store.ingest import IngestRecord, store_batch
+from matcher.store.isolation import read_committed
 from matcher.store.quarantine_rows import MAX_DETAIL, headers_from_json, storable_text
 from matcher.store.sql import query
 
@@ -36,6 +37,14 @@ def _raw(row: dict[str, Any]) -> RawRecord:
     )
 
 
+def _why_not_replayable(row: dict[str, Any]) -> str | None:
+    if row["raw_truncated"]:
+        return "only a prefix of the record was kept (MATCHER_QUARANTINE_KEEP_BYTES)"
+    if row["reason"] == "undecodable":
+        return "the Kafka client cannot read this record: no judgement can change that"
+    return None
+
+
 async def replay(
     conn: psycopg.AsyncConnection[Any],
     judge: Judge,
@@ -49,15 +58,16 @@ async def replay(
     against its original arrival, so a signature that was fresh when it arrived still is.
     """
     outcomes: list[ReplayOutcome] = []
+    await read_committed(conn)
     async with conn.transaction():
         cur = conn.cursor(row_factory=dict_row)
         await cur.execute(
             query("quarantine", "for_replay"), {"id": quarantine_id, "reason": reason}
         )
         for row in await cur.fetchall():
-            if row["raw_truncated"]:
-                detail = "only a prefix of the record was kept (it was over the size limits)"
-                outcomes.append(ReplayOutcome(row["id"], "not_replayable", detail))
+            unreplayable = _why_not_replayable(row)
+            if unreplayable is not None:
+                outcomes.append(ReplayOutcome(row["id"], "not_replayable", unreplayable))
                 continue
             raw = _raw(row)
             verdict = judge(raw)
