@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import time
 from typing import Any, NamedTuple
@@ -178,7 +179,13 @@ class Relay:
             crash_point("relay.before_publish")
             await asyncio.gather(*await _send_in_batches(producer, topic, rows))
             crash_point("relay.after_publish")
-            await cur.execute(query("relay", "mark_published"), {"ids": [r.id for r in rows]})
+            await cur.execute(
+                query("relay", "mark_published"),
+                {
+                    "ids": [r.id for r in rows],
+                    "digests": [hashlib.sha256(r.message.encode()).digest() for r in rows],
+                },
+            )
         self.published += len(rows)
         _observe(rows)
         return len(rows)

@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Any, Final, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from matcher.domain.waits import Outcome
 
@@ -35,6 +35,23 @@ class ResumeData(BaseModel):
     """The ``data`` of a resume CloudEvent. ``resolution_id`` is unique per resolution."""
 
     model_config = ConfigDict(frozen=True)
+
+    # The SHA-256 of the message this was read from (set by parse_resume): it identifies
+    # the resume as published even once its event has left the inbox.
+    _message_sha256: bytes | None = PrivateAttr(default=None)
+
+    @property
+    def message_sha256(self) -> bytes | None:
+        return self._message_sha256
+
+    def __eq__(self, other: object) -> bool:
+        # Equal resumes are equal whatever message (if any) they were read from.
+        if not isinstance(other, ResumeData):
+            return NotImplemented
+        return self.model_dump() == other.model_dump()
+
+    def __hash__(self) -> int:
+        return hash((self.resolution_id, self.wait_id))
 
     resolution_id: UUID
     tenant: str

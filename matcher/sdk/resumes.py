@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 from matcher.domain.resume import RESUME_TYPE, ResumeData
@@ -19,4 +20,7 @@ def parse_resume(value: bytes | str) -> ResumeData:
         raise NotAResume(f"not JSON: {exc}") from exc
     if not isinstance(envelope, dict) or envelope.get("type") != RESUME_TYPE:
         raise NotAResume(f"not a {RESUME_TYPE} CloudEvent")
-    return ResumeData.model_validate(envelope.get("data"))
+    resume = ResumeData.model_validate(envelope.get("data"))
+    raw = value.encode() if isinstance(value, str) else value
+    resume._message_sha256 = hashlib.sha256(raw).digest()
+    return resume

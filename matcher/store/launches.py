@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 
 from matcher.domain.launches import Answer, Found, Launch, LaunchSpec, NotFound, Unknown
 from matcher.domain.waits import WaitSpec
@@ -62,8 +62,8 @@ def record_launch(conn: Conn, spec: LaunchSpec) -> Launch:
 def record_job_id(conn: Conn, launch_id: uuid.UUID | str, job_id: str) -> bool:
     """Store the external job id on the intent and its wait. True when this call stored it
     (or the same id was stored before); False when a different id is already recorded."""
-    with conn.transaction():
-        row = conn.execute(
+    with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute(
             query("launches", "record_job_id"), {"id": launch_id, "job_id": job_id}
         ).fetchone()
     assert row is not None
@@ -118,12 +118,13 @@ async def reconcile(
     wait, so a resume (outcome ``cancelled``) tells the run to launch again; ``Unknown``
     and errors leave it for the next pass. Every answer is audited.
     """
-    ids = [
-        row[0]
-        for row in conn.execute(
-            query("launches", "unsubmitted"), {"older_than": older_than, "limit": limit}
-        ).fetchall()
-    ]
+    with conn.cursor(row_factory=tuple_row) as found:
+        ids = [
+            row[0]
+            for row in found.execute(
+                query("launches", "unsubmitted"), {"older_than": older_than, "limit": limit}
+            ).fetchall()
+        ]
     results: list[Reconciled] = []
     for launch_id in ids:
         with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:

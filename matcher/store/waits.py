@@ -6,19 +6,20 @@ there is one, so a worker can store its wait together with its own state, atomic
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 from uuid import UUID
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 
 from matcher.domain.resume import ResumeData
 from matcher.domain.waits import Wait, WaitSpec
 from matcher.store.sql import query
 
-Conn = psycopg.Connection[tuple[Any, ...]]
-AsyncConn = psycopg.AsyncConnection[tuple[Any, ...]]
+Conn = psycopg.Connection[Any]  # any row factory: the SDK sets its own where it reads
+AsyncConn = psycopg.AsyncConnection[Any]
 
 
 def _spec_params(spec: WaitSpec) -> dict[str, Any]:
@@ -62,7 +63,8 @@ async def register_wait_async(conn: AsyncConn, spec: WaitSpec) -> Wait:
 def cancel_wait(conn: Conn, wait_id: UUID | str) -> bool:
     """Cancel a waiting wait; True if this call cancelled it (False: already resolved)."""
     with conn.transaction():
-        row = conn.execute(query("resolve", "cancel_wait"), {"wait_id": wait_id}).fetchone()
+        with conn.cursor(row_factory=tuple_row) as cur:
+            row = cur.execute(query("resolve", "cancel_wait"), {"wait_id": wait_id}).fetchone()
         cancelled = bool(row and row[0])
         if cancelled:
             conn.execute(query("ingest", "notify_outbox"))
@@ -128,13 +130,18 @@ def _check_committed(row: tuple[Any, ...] | None, resume: ResumeData) -> None:
         raise UnverifiedResume(
             f"matcher committed no resolution {resume.resolution_id} for wait {resume.wait_id}"
         )
-    message, event_gone = row
+    message, event_gone, published_sha256 = row
     if event_gone:
+        # The message cannot be rebuilt; the digest of the one published still identifies it.
+        if published_sha256 is not None and resume.message_sha256 == bytes(published_sha256):
+            return
         raise UnverifiedResume(
             f"resolution {resume.resolution_id} cannot be checked: its event is no longer "
-            "stored (older than the inbox's dedupe window)"
+            "stored (older than the inbox's dedupe window) and the resume was not read from "
+            "the published message by parse_resume"
         )
-    committed = ResumeData.model_validate(message["data"])
+    # Read with the standard JSON parser, whatever loaders the caller's connection has.
+    committed = ResumeData.model_validate(json.loads(message)["data"])
     # Compared as JSON, so that true and 1, or 1 and 1.0, are not taken for each other.
     if committed.model_dump_json() != resume.model_dump_json():
         differ = [
@@ -154,7 +161,9 @@ def verify_resume(conn: Conn, resume: ResumeData) -> None:
     For projects that advance their own run table: call it, in the same transaction,
     before the conditional update that ``advance`` does on ``matcher.runs``.
     """
-    row = conn.execute(query("waits", "committed_resume"), _verify_params(resume)).fetchone()
+    # A cursor of its own: the caller's connection may have any row factory.
+    with conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute(query("waits", "committed_resume"), _verify_params(resume)).fetchone()
     _check_committed(row, resume)
 
 
@@ -177,8 +186,10 @@ def advance(conn: Conn, resume: ResumeData) -> bool:
 
 async def verify_resume_async(conn: AsyncConn, resume: ResumeData) -> None:
     """``verify_resume`` for asyncio workers."""
-    cur = await conn.execute(query("waits", "committed_resume"), _verify_params(resume))
-    _check_committed(await cur.fetchone(), resume)
+    async with conn.cursor(row_factory=tuple_row) as cur:
+        await cur.execute(query("waits", "committed_resume"), _verify_params(resume))
+        row = await cur.fetchone()
+    _check_committed(row, resume)
 
 
 async def advance_async(conn: AsyncConn, resume: ResumeData) -> bool:

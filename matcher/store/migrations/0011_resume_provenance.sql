@@ -42,3 +42,7 @@ CREATE FUNCTION matcher.resume_message(
             'deadline', matcher.rfc3339(w.deadline)
         )
     );
+
+-- The digest of the message as published: what checks a resume once its event has left the
+-- inbox (its day dropped past the dedupe window) and the message can no longer be rebuilt.
+ALTER TABLE matcher.outbox ADD COLUMN message_sha256 bytea;

@@ -22,4 +22,8 @@ LEFT JOIN matcher.inbox AS i
 ORDER BY c.id;
 
 -- name: mark_published
-UPDATE matcher.outbox SET published_at = now() WHERE id = ANY(%(ids)s::bigint[]);
+-- With the digest of each message as published (verify_resume uses it when the message
+-- can no longer be rebuilt).
+UPDATE matcher.outbox AS o SET published_at = now(), message_sha256 = u.digest
+FROM unnest(%(ids)s::bigint[], %(digests)s::bytea[]) AS u(id, digest)
+WHERE o.id = u.id;

@@ -21,8 +21,9 @@ FROM matcher.waits WHERE id = %(wait_id)s;
 -- name: committed_resume
 -- The resume matcher committed for this resolution of this wait, as the relay publishes
 -- it; nothing when there is none. The inbox row is looked up in its own day.
-SELECT matcher.resume_message(o.resolution_id, o.outcome, w, i) AS message,
-       (o.outcome = 'event' AND i.producer IS NULL) AS event_gone
+SELECT matcher.resume_message(o.resolution_id, o.outcome, w, i)::text AS message,
+       (o.outcome = 'event' AND i.producer IS NULL) AS event_gone,
+       o.message_sha256
 FROM matcher.outbox AS o
 JOIN matcher.waits AS w ON w.id = o.wait_id
 LEFT JOIN matcher.inbox AS i
