@@ -84,6 +84,11 @@ class Settings(BaseSettings):
     max_headers: int = Field(default=64, ge=1, le=10_000)
     max_json_depth: int = Field(default=64, ge=2, le=500)
     max_signatures: int = Field(default=8, ge=1, le=100)
+    # A record batch decompressed past this is refused whole (a compression bomb).
+    max_batch_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024)
+    # A rejected record's value is kept whole up to this (then a prefix, its size and
+    # SHA-256: not replayable), so the quarantine cannot grow faster than this per record.
+    quarantine_keep_bytes: int = Field(default=64 * 1024, ge=1024)
     # Quarantined records are deleted this long after they were quarantined.
     quarantine_retention: timedelta = Field(default=timedelta(days=30), gt=timedelta(0))
     # Rejected records are also copied here, when set (the quarantine table always has them).

@@ -28,6 +28,7 @@ from matcher.daemon.faults import crash_point
 from matcher.daemon.janitor import ensure_days
 from matcher.daemon.registry_watch import RegistryHolder
 from matcher.domain.events import Rejection
+from matcher.kafka import codecs
 from matcher.kafka.binding import raw_record
 from matcher.kafka.commits import OffsetCommitter
 from matcher.kafka.dead_letters import DeadLetters
@@ -115,15 +116,15 @@ class Ingest:
         self._settings = settings
         self._registry = registry or RegistryHolder(settings)
         self._policy = settings.policy()
+        self._bounds = Bounds(
+            value_bytes=settings.quarantine_keep_bytes,
+            header_bytes=settings.max_header_bytes,
+            headers=settings.max_headers,
+        )
         self._dead_letters = (
             None
             if settings.dead_letter_topic is None
-            else DeadLetters(settings, settings.dead_letter_topic)
-        )
-        self._bounds = Bounds(
-            value_bytes=settings.max_event_bytes,
-            header_bytes=settings.max_header_bytes,
-            headers=settings.max_headers,
+            else DeadLetters(settings, settings.dead_letter_topic, self._bounds)
         )
         self.joined = False
         self._pool = pool
@@ -135,6 +136,7 @@ class Ingest:
 
     async def run(self) -> None:
         s = self._settings
+        codecs.install(s.max_batch_bytes)
         consumer = AIOKafkaConsumer(
             **s.kafka_client_options(),
             group_id=s.consumer_group,
@@ -170,7 +172,15 @@ class Ingest:
                 batch = await fetcher.getmany(
                     timeout_ms=s.ingest_poll_timeout_ms, max_records=s.ingest_batch_max
                 )
-                records = to_ingest_records(batch, self._registry.current, self._policy)
+                # Judged in a worker thread: the event loop (the group heartbeat, the relay,
+                # the admin probes) stays responsive however costly a batch is to read.
+                records = (
+                    await asyncio.to_thread(
+                        to_ingest_records, batch, self._registry.current, self._policy
+                    )
+                    if batch
+                    else []
+                )
                 if in_flight is not None:
                     await in_flight
                     in_flight = None
@@ -286,6 +296,10 @@ class Ingest:
                         lambda: crash_point("ingest.in_transaction"),
                         self._bounds,
                     )
+            except psycopg.errors.ProgramLimitExceeded as exc:
+                # An OperationalError, but about the data (an index entry too large, say):
+                # retrying would fail for ever.
+                return await self._isolate(records, exc)
             except _TRANSIENT as exc:
                 log.warning(
                     "batch failed, retrying", extra={"error": repr(exc), "retry_in_s": delay}

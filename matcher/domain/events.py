@@ -31,11 +31,18 @@ def _char_problem(char: str) -> str:
     return f"a lone surrogate (\\u{ord(char):04x}), which is not Unicode text"
 
 
+# An identifier's bound in bytes: two of them and a timestamp make an index entry, which
+# Postgres refuses past 2704 bytes (that would fail a whole batch).
+MAX_IDENT_BYTES = 512
+
+
 def _storable_text(value: str) -> str:
     # Refused here, where the reason can be given, rather than by Postgres for a whole batch.
     found = _UNSTORABLE_CHAR.search(value)
     if found is not None:
         raise ValueError(f"must not contain {_char_problem(found.group())}")
+    if len(value.encode()) > MAX_IDENT_BYTES:
+        raise ValueError(f"must be at most {MAX_IDENT_BYTES} bytes (UTF-8)")
     return value
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from datetime import timedelta
 
 import psycopg
+import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from matcher.config import Settings
@@ -150,26 +152,34 @@ async def test_relay_wakes_on_commit_not_on_its_poll(settings: Settings) -> None
     assert resume.outcome == "cancelled"
 
 
-async def test_refused_record_is_isolated_and_quarantined(settings: Settings) -> None:
-    """If Postgres refuses one record of a batch, the rest is stored and it is quarantined."""
+@pytest.mark.parametrize("poison", ["nul_in_data", "index_entry_too_large"])
+async def test_refused_record_is_isolated_and_quarantined(settings: Settings, poison: str) -> None:
+    """If Postgres refuses one record of a batch, the rest is stored and it is quarantined:
+    a data error, or a program limit (an OperationalError that is not transient)."""
     good = [event(correlation=f"iso-{i}") for i in range(5)]
     # Built without validation, as a parser bug would let it through.
-    poison = CompletionEvent.model_construct(
-        **{**event(correlation="iso-bad").model_dump(), "data": {"x": "a\x00b"}}
-    )
+    base = event(correlation="iso-bad").model_dump()
+    if poison == "nul_in_data":
+        base["data"] = {"x": "a\x00b"}
+    else:  # tenant and correlation id past the btree entry limit (2704 bytes) together
+        rng = random.Random(7)  # incompressible: Postgres would compress a repeated one
+        base["tenant"], base["correlationid"] = (
+            "".join(chr(0x1F300 + rng.randrange(700)) for _ in range(512)) for _ in range(2)
+        )
+    bad = CompletionEvent.model_construct(**base)
     records = []
-    for n, e in enumerate([*good[:2], poison, *good[2:]]):
-        key, headers, value = to_record(good[0] if e is poison else e)
+    for n, e in enumerate([*good[:2], bad, *good[2:]]):
+        key, headers, value = to_record(good[0] if e is bad else e)
         names = raw(headers, key, value).headers
         records.append(IngestRecord(settings.events_topic, 0, n, key, value, names, e))
     async with AsyncConnectionPool(
         settings.database_url.get_secret_value(), min_size=1, open=False
     ) as pool:
         ingest = Ingest(settings, pool, asyncio.Event(), on_resolved=lambda: None)
-        result = await ingest._store(records)
+        result = await asyncio.wait_for(ingest._store(records), 60)
     assert result.accepted == 5
     assert result.quarantined == 1
-    [bad] = rows(settings, "SELECT kafka_offset, reason, detail FROM matcher.quarantine")
-    assert (bad["kafka_offset"], bad["reason"]) == (2, "malformed")
-    assert "refused by the database" in bad["detail"]
+    [refused] = rows(settings, "SELECT kafka_offset, reason, detail FROM matcher.quarantine")
+    assert (refused["kafka_offset"], refused["reason"]) == (2, "malformed")
+    assert "refused by the database" in refused["detail"]
     assert scalar(settings, "SELECT count(*) FROM matcher.inbox") == 5

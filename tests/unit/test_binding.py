@@ -318,3 +318,10 @@ def test_whatever_the_gate_accepts_the_sdk_reads_the_same(
         "data": parsed.data,
     }
     assert ours == _sdk_reading(headers, key, value)
+
+
+def test_identifiers_are_bounded_in_bytes_not_only_characters() -> None:
+    headers = [*BINARY_BASE[:4], ("ce_tenant", ("\U0001f600" * 200).encode()), BINARY_BASE[5]]
+    parsed = _reject(headers, b"{}")
+    assert parsed.reason == "malformed"
+    assert "512 bytes" in parsed.detail
