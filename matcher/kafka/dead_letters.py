@@ -10,30 +10,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Sequence
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, MessageSizeTooLargeError
 
 from matcher import metrics
 from matcher.config import Settings
 from matcher.domain.events import Rejection
 from matcher.store.ingest import IngestRecord
+from matcher.store.quarantine_rows import Bounds, bounded, headers_from_json
 
 log = logging.getLogger("matcher.dead_letters")
 
-QUEUE_MAX = 10_000
+# Each copy holds at most the quarantine row's bounds (a value prefix, bounded headers).
+QUEUE_MAX = 1000
 CALL_TIMEOUT_S = 15.0
 
 
 def _headers(record: IngestRecord, rejection: Rejection) -> list[tuple[str, bytes]]:
     # Names that are not UTF-8 cannot be sent by the client; they are in the quarantine row.
-    kept = [
-        (name.decode(), value or b"")
-        for name, value in record.headers
-        if name.isascii() or _is_utf8(name)
-    ]
+    kept = [(name.decode(), value or b"") for name, value in record.headers if _is_utf8(name)]
     return [
         *kept,
         ("matcher-reason", rejection.reason.encode()),
@@ -51,22 +50,27 @@ def _is_utf8(raw: bytes) -> bool:
 
 
 class DeadLetters:
-    def __init__(self, settings: Settings, topic: str) -> None:
+    def __init__(self, settings: Settings, topic: str, bounds: Bounds) -> None:
         self._settings = settings
         self._topic = topic
+        self._bounds = bounds
         self._queue: asyncio.Queue[IngestRecord] = asyncio.Queue(QUEUE_MAX)
+        self._delay = 0.5
 
     def offer(self, records: Sequence[IngestRecord]) -> None:
-        """Queue copies of rejected records; never waits."""
+        """Queue copies of rejected records, as the quarantine keeps them; never waits."""
         for record in records:
+            kept = bounded(record.key, record.headers, record.value, self._bounds)
+            copy = dataclasses.replace(
+                record, key=kept.key, value=kept.value, headers=headers_from_json(kept.headers)
+            )
             try:
-                self._queue.put_nowait(record)
+                self._queue.put_nowait(copy)
             except asyncio.QueueFull:
                 metrics.DEAD_LETTERS_DROPPED.inc()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Send until ``stop`` is set and the queue is drained (or a last attempt failed)."""
-        delay = 0.5
         while not (stop.is_set() and self._queue.empty()):
             producer = AIOKafkaProducer(
                 **self._settings.kafka_client_options(),
@@ -78,7 +82,6 @@ class DeadLetters:
                 async with asyncio.timeout(CALL_TIMEOUT_S):
                     await producer.start()
                 await self._send_until_stopped(producer, stop)
-                delay = 0.5
             except (TimeoutError, KafkaError, OSError) as exc:
                 log.warning("dead-letter copy failed", extra={"error": repr(exc)})
                 if stop.is_set():
@@ -88,8 +91,8 @@ class DeadLetters:
                     async with asyncio.timeout(CALL_TIMEOUT_S):
                         await producer.stop()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), delay)
-            delay = min(delay * 2, 10.0)
+                await asyncio.wait_for(stop.wait(), self._delay)
+            self._delay = min(self._delay * 2, 10.0)
         if not self._queue.empty():
             log.warning("dead-letter copies not sent", extra={"records": self._queue.qsize()})
 
@@ -109,6 +112,10 @@ class DeadLetters:
                         key=record.key,
                         headers=_headers(record, rejection),
                     )
+            except MessageSizeTooLargeError:
+                metrics.DEAD_LETTERS_DROPPED.inc()  # this copy only; the producer is fine
+                continue
             except BaseException:
                 metrics.DEAD_LETTERS_DROPPED.inc()
                 raise
+            self._delay = 0.5  # sending works: the next failure starts the back-off anew

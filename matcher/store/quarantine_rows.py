@@ -4,9 +4,10 @@ Everything in a rejected record is attacker-chosen: header names and values (any
 attribute text (NUL, lone surrogates, control characters), a value of any size. The row
 keeps what an operator needs and a replay can use, within bounds:
 
-- the value whole when it is within the gate's limit (so a replay sees the same bytes),
-  otherwise a prefix, with the size and SHA-256 of the whole and ``raw_truncated`` set
-  (such a row cannot be replayed; the digest still identifies the record);
+- the value whole up to ``MATCHER_QUARANTINE_KEEP_BYTES`` (so a replay sees the same
+  bytes), otherwise a prefix, with the size and SHA-256 of the whole and ``raw_truncated``
+  set (such a row cannot be replayed; the digest still identifies the record): a writer
+  without a key cannot make the quarantine grow faster than that per record;
 - headers as JSON, each name and value as text when it is UTF-8 without NUL, else base64;
   at most ``Bounds.headers`` of them and ``Bounds.header_bytes`` in all;
 - text columns (detail, and the attributes read despite the failure) with NUL and lone
@@ -28,7 +29,7 @@ MAX_DETAIL = 1000
 
 @dataclass(frozen=True)
 class Bounds:
-    value_bytes: int = 1024 * 1024  # the gate's limit: a value up to it is kept whole
+    value_bytes: int = 64 * 1024  # a value up to this is kept whole (replayable)
     prefix_bytes: int = 4096  # what is kept of a larger one
     header_bytes: int = 16 * 1024
     headers: int = 64

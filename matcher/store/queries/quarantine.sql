@@ -2,7 +2,7 @@
 -- Records not yet replayed successfully: one by id, or all with a reason. Locked, so two
 -- concurrent replays cannot both store the same record.
 SELECT id, received_at, arrived_at, kafka_topic, kafka_partition, kafka_offset, kafka_key,
-       raw_value, headers, raw_truncated
+       raw_value, headers, raw_truncated, reason
 FROM matcher.quarantine
 WHERE replayed_at IS NULL
   AND (%(id)s::bigint IS NULL OR id = %(id)s)
