@@ -205,7 +205,10 @@ def _format_storage(paths: KafkaPaths) -> None:
     paths.data.mkdir(parents=True, exist_ok=True)
     result = subprocess.run(
         [
-            *_java_cmd(paths, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c"),
+            # "--cluster-id=ID", not "-t ID": an id may start with "-" (base64url), and
+            # the tool's argument parser then takes it for an option.
+            *_java_cmd(paths, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}"),
+            "-c",
             str(paths.config),
         ],
         capture_output=True,

@@ -21,6 +21,7 @@ import psycopg
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from matcher.devstack import kafka
 from matcher.devstack.procs import port_in_use
 from matcher.devstack.stack import Devstack, project_root
 from matcher.kafka.topics import ensure_topics
@@ -149,3 +150,17 @@ def test_kafka_failure_reports_the_log(private_stack: Devstack) -> None:
     meta.write_text(meta.read_text().replace("node.id=1", "node.id=7"))
     with pytest.raises(DevstackError, match=r"Kafka exited during startup(.|\n)*node"):
         private_stack.up(timeout=60)
+
+
+def test_storage_format_takes_a_cluster_id_that_starts_with_a_dash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A random cluster id is base64url, so one in 64 starts with "-": passed as a separate
+    argument, the storage tool took it for an option and the devstack failed to start."""
+    paths = kafka.KafkaPaths(home=tmp_path / "kafka", cache=Devstack().cache)
+    paths.home.mkdir()
+    kafka.ensure_jars(paths)
+    kafka._write_config(paths, port=19092, controller_port=19093)
+    monkeypatch.setattr(os, "urandom", lambda n: b"\xfb" + bytes(n - 1))  # "-w..."
+    kafka._format_storage(paths)
+    assert (paths.data / "meta.properties").read_text().count("cluster.id=-") == 1
