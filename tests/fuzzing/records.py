@@ -156,9 +156,9 @@ def _pieces(c: Chooser, pieces: Sequence[str], most: int) -> str:
 
 
 def ident(c: Chooser) -> str:
-    """A valid identifier: 1-512 characters, not only whitespace, storable."""
+    """A valid identifier: 1-512 bytes of UTF-8, not only whitespace, storable."""
     if c.integer(0, 7) == 7:
-        return c.choice(("x" * 512, "é" * 512, "id-" + "9" * 400))
+        return c.choice(("x" * 512, "é" * 256, "id-" + "9" * 400))  # 512 bytes at most
     text = _pieces(c, _IDENT_PIECES, 12)
     return text if text.strip() else "x" + text
 

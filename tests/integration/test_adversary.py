@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,8 @@ from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
 from matcher_producer import CompletionEvent as ProducerEvent
 from matcher_producer import KafkaRecord, SigningKey, encode, sign_record
 from prometheus_client import REGISTRY
+from psycopg.rows import dict_row
+from psycopg.types.json import JsonLoader
 
 from matcher.config import ConfigError, Settings, load_settings
 from matcher.daemon.app import StartupError
@@ -219,15 +222,16 @@ async def _raw_resumes(settings: Settings, run_id: str, timeout: float = 60) -> 
     return await read_resume_messages(settings, at_least=1, timeout=timeout, keep=of_run)
 
 
-async def _send_with_raw_header_name(
-    settings: Settings, key: bytes, headers: list[tuple[str, bytes]], value: bytes
+async def _send_batch(
+    settings: Settings,
+    key: bytes,
+    records: list[tuple[list[tuple[str, bytes]], bytes]],
+    compression: int = 0,
 ) -> tuple[int, int]:
-    """Send one record whose headers may have non-UTF-8 names (``RawHeaderName``), to the
-    partition the default partitioner gives ``key``; return its (partition, offset).
-
-    The producer's own batch builder is the compiled one, which encodes names itself, so
-    the batch is built by aiokafka's pure-Python builder and handed to ``send_batch``.
-    """
+    """Send (headers, value) records as ONE record batch, built by aiokafka's pure-Python
+    builder (which writes a ``RawHeaderName`` as its raw bytes, and compresses as told:
+    1 is gzip), to the partition the default partitioner gives ``key``; return the
+    (partition, offset) of its first record."""
     producer = AIOKafkaProducer(**settings.kafka_client_options(), acks="all")
     await producer.start()
     try:
@@ -236,14 +240,15 @@ async def _send_with_raw_header_name(
         batch = producer.create_batch()
         batch._builder = _DefaultRecordBatchBuilderPy(
             magic=2,
-            compression_type=0,
+            compression_type=compression,
             is_transactional=0,
             producer_id=-1,
             producer_epoch=-1,
             base_sequence=0,
-            batch_size=1024 * 1024,
+            batch_size=64 * 1024 * 1024,
         )
-        assert batch.append(timestamp=None, key=key, value=value, headers=headers) is not None
+        for headers, value in records:
+            assert batch.append(timestamp=None, key=key, value=value, headers=headers) is not None
         sent = await (await producer.send_batch(batch, settings.events_topic, partition=partition))
         return int(sent.partition), int(sent.offset)
     finally:
@@ -415,19 +420,23 @@ def _poison(kind: str) -> tuple[list[tuple[str, bytes]], bytes]:
         _, record = _signed(structured=True, type="job.\udc00", data={"note": "\udc00"})
         assert b"\\udc00" in record.value
         return list(record.headers), record.value
+    if kind == "gzip_bomb":
+        return [], bytes(1024 * 1024)
     assert kind == "non_utf8_header_name"
     _, record = _signed()
     return [*record.headers, (RawHeaderName(b"\xff\xfe"), b"x")], record.value
 
 
 @pytest.mark.parametrize(
-    "kind", ["deep_json", "huge_timestamp", "lone_surrogate", "non_utf8_header_name"]
+    "kind", ["deep_json", "huge_timestamp", "lone_surrogate", "non_utf8_header_name", "gzip_bomb"]
 )
 async def test_poison_records_do_not_stop_the_daemon(secure: Settings, kind: str) -> None:
     """Attack: a record built to make the gate raise instead of reject (JSON nested 700
     deep, a 400-digit webhook-timestamp, a lone surrogate escape in the data and in an
-    attribute, a header name that is not UTF-8). The daemon must quarantine it and go on
-    with the next record of the same partition."""
+    attribute, a header name that is not UTF-8), or a compressed batch far larger than
+    its bytes on the wire. The daemon must quarantine it and go on with the next record
+    of the same partition."""
+    secure = secure.model_copy(update={"max_batch_bytes": 2 * 1024 * 1024})
     async with asyncio.timeout(120):
         key = f"poison-{_hex()}".encode()
         headers, value = _poison(kind)
@@ -437,7 +446,12 @@ async def test_poison_records_do_not_stop_the_daemon(secure: Settings, kind: str
         async with running_daemon(secure) as task:
             coordinates: tuple[int, int] | None = None
             if kind == "non_utf8_header_name":
-                coordinates = await _send_with_raw_header_name(secure, key, headers, value)
+                coordinates = await _send_batch(secure, key, [(headers, value)])
+                await produce_raw(secure, [_message(sentinel_record, key)])
+            elif kind == "gzip_bomb":
+                # 5 MiB of zeros as one gzip batch of ~5 KiB: over the daemon's bound (2 MiB).
+                bomb = [(headers, value)] * 5
+                coordinates = await _send_batch(secure, key, bomb, compression=1)
                 await produce_raw(secure, [_message(sentinel_record, key)])
             else:
                 await produce_raw(secure, [(key, headers, value), _message(sentinel_record, key)])
@@ -456,6 +470,9 @@ async def test_poison_records_do_not_stop_the_daemon(secure: Settings, kind: str
             assert _quarantined_at(secure, secure.events_topic, *coordinates) == 1, (
                 "the poison record is not in the quarantine"
             )
+            if kind == "gzip_bomb":
+                reasons = rows(secure, "SELECT reason, detail FROM matcher.quarantine")
+                assert [r["reason"] for r in reasons] == ["undecodable"] * 5, reasons
             assert not task.done(), "the daemon stopped"
 
 
@@ -629,6 +646,51 @@ async def test_forged_resumes_do_not_advance_runs(secure: Settings, forgery: str
         assert _position(secure, target) == before, "the forged resume moved the run"
         assert await asyncio.to_thread(_advance, url, genuine) is True
         assert await asyncio.to_thread(_advance, url, genuine) is False
+        assert _position(secure, spec.run_id) == 1
+
+
+class _DecimalFloats(JsonLoader):
+    """An application's own JSON loader for jsonb (Decimal floats, say)."""
+
+    def load(self, data: Any) -> Any:
+        return json.loads(bytes(data), parse_float=Decimal)
+
+
+@pytest.mark.parametrize("worker", ["dict_rows", "decimal_json", "event_purged"])
+async def test_a_genuine_resume_is_verified_whatever_the_workers_connection(
+    secure: Settings, worker: str
+) -> None:
+    """A genuine resume must not be refused because of how the worker's connection reads
+    rows or JSON, nor once its event has left the inbox (its day dropped); a forgery in the
+    last case must still be refused (it is checked by the published message's digest)."""
+    async with asyncio.timeout(120):
+        event, record = _signed(data={"rows": 7, "ratio": 0.5})
+        spec = _spec("acme", event.correlation_id, run_id=f"run-{_hex()}")
+        _wait(secure, spec)
+        async with running_daemon(secure):
+            await produce_raw(secure, [_message(record)])
+            genuine = (await _raw_resumes(secure, spec.run_id))[0]
+            await _reached(
+                lambda: bool(scalar(secure, "SELECT count(*) FROM matcher.outbox"
+                                    " WHERE message_sha256 IS NOT NULL")),
+                timeout=10,
+            )  # fmt: skip
+        url = _url(secure)
+        if worker == "event_purged":
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("DELETE FROM matcher.inbox")
+            altered = json.loads(genuine)
+            altered["data"]["event"]["data"] = {"rows": 8, "ratio": 0.5}
+            assert await asyncio.to_thread(_try_advance, url, json.dumps(altered).encode()) is False
+
+        def advance_with_the_workers_connection() -> bool:
+            with psycopg.connect(url, row_factory=dict_row) as conn:
+                if worker == "decimal_json":
+                    conn.adapters.register_loader("jsonb", _DecimalFloats)
+                    conn.adapters.register_loader("json", _DecimalFloats)
+                return advance(conn, parse_resume(genuine))
+
+        assert await asyncio.to_thread(advance_with_the_workers_connection) is True
         assert _position(secure, spec.run_id) == 1
 
 
