@@ -32,7 +32,7 @@ from matcher.auth.signatures import (
     signed_bytes,
     verify,
 )
-from matcher.domain.events import CompletionEvent, Rejection
+from matcher.domain.events import DATA_READ_STRICTLY, CompletionEvent, Rejection
 
 _UNIX_SECONDS = re.compile(rb"[0-9]{1,12}")
 # No header name is anywhere near this; a bound keeps the look-alike check cheap.
@@ -120,20 +120,22 @@ def _event(view: View) -> CompletionEvent | Rejection:
         if when is None:
             return Rejection("malformed", "time must be an RFC 3339 date-time with an offset")
     try:
-        # The data was read strictly already (strict_json): validating it again would walk
-        # it a second time, so it is put in after validation.
-        event = CompletionEvent(
-            specversion=attributes["specversion"],
-            id=attributes["id"],
-            source=attributes["source"],
-            type=attributes["type"],
-            tenant=attributes["tenant"],
-            correlationid=attributes["correlationid"],
-            jobid=attributes.get("jobid"),
-            time=when,
-            datacontenttype=view.datacontenttype,
+        return CompletionEvent.model_validate(
+            {
+                "specversion": attributes["specversion"],
+                "id": attributes["id"],
+                "source": attributes["source"],
+                "type": attributes["type"],
+                "tenant": attributes["tenant"],
+                "correlationid": attributes["correlationid"],
+                "jobid": attributes.get("jobid"),
+                "time": when,
+                "datacontenttype": view.datacontenttype,
+                "data": view.data,
+            },
+            # The data was read strictly already: validating it again would walk it twice.
+            context={DATA_READ_STRICTLY: True},
         )
-        return event.model_copy(update={"data": view.data})
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or 'event'}: "

@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from matcher.auth.strict_json import JsonRefused, loads
-from matcher.domain.events import Rejection
+from matcher.domain.events import Rejection, unstorable
 
 Header = tuple[bytes, bytes | None]
 
@@ -43,6 +43,7 @@ STRUCTURED_MEDIA_TYPE = "application/cloudevents+json"
 REQUIRED = ("specversion", "id", "source", "type", "tenant", "correlationid")
 OPTIONAL = ("jobid", "time")
 _READ = (*REQUIRED, *OPTIONAL)
+_READ_HEADERS = tuple((name, b"ce_" + name.encode()) for name in _READ)
 
 _RESERVED = frozenset({CONTENT_TYPE, *WEBHOOK_HEADERS})
 _RESERVED_FOLDED = frozenset(
@@ -83,9 +84,11 @@ class View:
 
 @dataclass
 class _Partial:
-    """What could be read before a rejection, for operators (``Rejection.seen``)."""
+    """What could be read before a rejection, for operators (``Rejection.seen``); worked
+    out only when there is a rejection (the accepted path pays nothing for it)."""
 
-    attributes: dict[str, Any] = field(default_factory=dict)
+    headers: dict[bytes, bytes] = field(default_factory=dict)  # the exact ones read so far
+    attributes: dict[str, Any] = field(default_factory=dict)  # a structured envelope's
 
     def reject(self, reason: str, detail: str) -> Rejection:
         names = {
@@ -95,11 +98,13 @@ class _Partial:
             "type": "type",
             "correlationid": "correlation_id",
         }
-        seen = {
-            column: value[:512]
-            for attr, column in names.items()
-            if isinstance(value := self.attributes.get(attr), str) and value
-        }
+        seen: dict[str, str] = {}
+        for attr, column in names.items():
+            value = self.attributes.get(attr)
+            if value is None and b"ce_" + attr.encode() in self.headers:
+                value = self.headers[b"ce_" + attr.encode()].decode("utf-8", "replace")
+            if isinstance(value, str) and value:
+                seen[column] = value[:512]
         return Rejection(reason, detail, seen)
 
 
@@ -124,34 +129,53 @@ def _show(name: bytes) -> str:
     return repr(name.decode("utf-8", "backslashreplace"))[:80]
 
 
+# What a header name is to the gate: read (exact), ignored, another spelling of one it
+# reads, or not UTF-8. Names repeat from record to record, so the answer is remembered
+# (up to a bound: the names are the sender's choice).
+_EXACT, _IGNORED, _LOOKALIKE, _NOT_UTF8 = range(4)
+_NAME_KINDS: dict[bytes, int] = {}
+_NAME_KINDS_MAX = 4096
+
+
+def _name_kind(name: bytes) -> int:
+    kind = _NAME_KINDS.get(name)
+    if kind is None:
+        if name in _RESERVED or (
+            name.startswith(CE_PREFIX) and _ATTRIBUTE_NAME.fullmatch(name, 3) is not None
+        ):
+            kind = _EXACT
+        else:
+            try:
+                kind = _LOOKALIKE if _looks_reserved(name.decode("utf-8")) else _IGNORED
+            except UnicodeDecodeError:
+                kind = _NOT_UTF8
+        if len(_NAME_KINDS) < _NAME_KINDS_MAX:
+            _NAME_KINDS[name] = kind
+    return kind
+
+
 def reserved_headers(
     headers: tuple[Header, ...], partial: _Partial
 ) -> dict[bytes, bytes] | Rejection:
     """The headers the gate reads, by exact name; a rejection when any is ambiguous."""
-    found: dict[bytes, bytes] = {}
+    found = partial.headers
     for name, value in headers:
-        try:
-            text = name.decode("utf-8")
-        except UnicodeDecodeError:
-            return partial.reject("malformed", f"the header name {_show(name)} is not UTF-8")
-        exact = name in _RESERVED or (
-            name.startswith(CE_PREFIX) and _ATTRIBUTE_NAME.fullmatch(name, 3) is not None
-        )
-        if not exact:
-            if _looks_reserved(text):
-                return partial.reject(
-                    "ambiguous",
-                    f"the header {_show(name)} is another spelling of a header matcher "
-                    "reads; send it lowercase, exactly as named (e.g. ce_tenant)",
-                )
+        kind = _name_kind(name)
+        if kind == _IGNORED:
             continue
+        if kind == _NOT_UTF8:
+            return partial.reject("malformed", f"the header name {_show(name)} is not UTF-8")
+        if kind == _LOOKALIKE:
+            return partial.reject(
+                "ambiguous",
+                f"the header {_show(name)} is another spelling of a header matcher "
+                "reads; send it lowercase, exactly as named (e.g. ce_tenant)",
+            )
         if name in found:
             return partial.reject("ambiguous", f"the header {_show(name)} appears twice")
         if not value:
             return partial.reject("malformed", f"the header {_show(name)} has no value")
         found[name] = value
-        if name.startswith(CE_PREFIX):
-            partial.attributes[name[3:].decode()] = value.decode("utf-8", "replace")
     return found
 
 
@@ -251,6 +275,9 @@ def _structured_ids(
     source, event_id = envelope.get("source", ""), envelope.get("id", "")
     if not (isinstance(source, str) and isinstance(event_id, str)):
         return Rejection("malformed", "the attributes source and id must be strings")
+    problem = unstorable([source, event_id])  # a lone surrogate cannot even be encoded
+    if problem is not None:
+        return Rejection("malformed", f"the attributes source and id must not contain {problem}")
     return source, event_id
 
 
@@ -273,17 +300,14 @@ def _binary(
     partial: _Partial,
     max_json_depth: int,
 ) -> View | Rejection:
-    ce = {
-        name[3:].decode(): value for name, value in reserved.items() if name.startswith(CE_PREFIX)
-    }
-    if not ce:
+    if not any(name.startswith(CE_PREFIX) for name in reserved):
         hint = f" (content-type is {kind!r})" if kind else ""
         return partial.reject(
             "malformed",
             "not a CloudEvent: a binary-mode event carries its attributes in ce_ headers, and "
             f"a structured-mode one needs content-type {STRUCTURED_MEDIA_TYPE}{hint}",
         )
-    if "datacontenttype" in ce:
+    if b"ce_datacontenttype" in reserved:
         return partial.reject(
             "ambiguous",
             "binary mode carries the data's type in content-type, not ce_datacontenttype",
@@ -291,8 +315,8 @@ def _binary(
     if kind is not None and not is_json_media_type(kind):
         return partial.reject("malformed", f"data must be JSON, not {kind!r}")
     attributes: dict[str, str] = {}
-    for name in _READ:
-        raw = ce.get(name)
+    for name, header in _READ_HEADERS:
+        raw = reserved.get(header)
         if raw is None:
             continue
         try:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import hmac
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -28,18 +27,18 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 BINARY_PREFIX = b"matcher.binary.v1"
 # Every attribute used for matching or recorded as a fact, in signing order.
 BINARY_ATTRIBUTES = ("source", "id", "type", "tenant", "correlationid", "jobid", "time")
+_BINARY_HEADERS = (*(b"ce_" + name.encode() for name in BINARY_ATTRIBUTES), b"content-type")
 
 
 def netstring(value: bytes) -> bytes:
-    return str(len(value)).encode() + b":" + value + b","
+    return b"%d:%b," % (len(value), value)
 
 
 def binary_content(headers: Mapping[bytes, bytes], value: bytes) -> bytes:
     """The signed content of a binary-mode record (see the module docstring); ``headers``
     are the exactly-named headers of the record's canonical reading."""
     parts = [BINARY_PREFIX]
-    parts.extend(netstring(headers.get(b"ce_" + name.encode(), b"")) for name in BINARY_ATTRIBUTES)
-    parts.append(netstring(headers.get(b"content-type", b"")))
+    parts.extend(netstring(headers.get(name, b"")) for name in _BINARY_HEADERS)
     parts.append(value)
     return b"".join(parts)
 
@@ -109,7 +108,7 @@ def verify(
     """The id of the key that signed ``message``, or None. Comparisons are constant-time."""
     for key in keys:
         if key.hmac_secret is not None:
-            expected = hmac.new(key.hmac_secret, message, hashlib.sha256).digest()
+            expected = hmac.digest(key.hmac_secret, message, "sha256")
             for version, signature in offered:
                 if version == b"v1" and hmac.compare_digest(expected, signature):
                     return key.id

@@ -11,6 +11,7 @@ us (Python's own limit is an exception in the middle of a batch, not a rejection
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from matcher.domain.events import MAX_JSON_DEPTH, unstorable
@@ -39,6 +40,19 @@ def _no_constants(name: str) -> Any:
     raise JsonRefused(f"{name} is not JSON (RFC 8259 has no non-finite numbers)")
 
 
+# What the text of JSON that is not storable must contain somewhere (a superset: strings
+# may hold look-alikes, and then the value is walked): a \\u escape (NUL and lone
+# surrogates come only from escapes; raw control characters are refused by the parser),
+# a number long or large enough to overflow to infinity.
+_SUSPECT = re.compile(r"\\u|[0-9][eE]\+?[0-9]{3}|[0-9]{300}")
+
+
+def _may_be_unstorable(text: str, max_depth: int) -> bool:
+    """False when ``text`` certainly parsed to a storable value within ``max_depth``: the
+    walk of every value (the bulk of the cost) is then not needed."""
+    return text.count("[") + text.count("{") >= max_depth or _SUSPECT.search(text) is not None
+
+
 def loads(raw: bytes, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """Parse UTF-8 JSON bytes strictly; raise ``JsonRefused`` with a readable reason."""
     try:
@@ -53,7 +67,9 @@ def loads(raw: bytes, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
         raise
     except ValueError as exc:  # JSONDecodeError, and integers past Python's digit limit
         raise JsonRefused(" ".join(str(exc).split())[:200]) from None
-    problem = unstorable(value, max_depth=max_depth)
+    problem = (
+        unstorable(value, max_depth=max_depth) if _may_be_unstorable(text, max_depth) else None
+    )
     if problem is not None:
         raise JsonRefused(
             problem, "limit_exceeded" if problem.startswith("nesting") else "malformed"

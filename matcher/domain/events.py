@@ -15,6 +15,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    ValidationInfo,
     field_validator,
 )
 
@@ -80,6 +81,10 @@ def unstorable(value: Any, *, max_depth: int = MAX_JSON_DEPTH) -> str | None:
     return None
 
 
+# Validation context key: the data comes from matcher.auth.strict_json, checked already.
+DATA_READ_STRICTLY = "data_read_strictly"
+
+
 class CompletionEvent(BaseModel):
     """A CloudEvent 1.0 announcing that an external job reached a state.
 
@@ -103,7 +108,9 @@ class CompletionEvent(BaseModel):
 
     @field_validator("data")
     @classmethod
-    def _data_fits_jsonb(cls, value: Any) -> Any:
+    def _data_fits_jsonb(cls, value: Any, info: ValidationInfo) -> Any:
+        if info.context is not None and info.context.get(DATA_READ_STRICTLY):
+            return value  # the gate's strict JSON reading checked it already
         # No depth bound here: the gate applies the configured one; this is only storability.
         problem = unstorable(value, max_depth=sys.maxsize)
         if problem is not None:

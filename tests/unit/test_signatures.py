@@ -281,3 +281,11 @@ def test_every_reason_code_is_documented_in_the_readme() -> None:
 def _codes(line: str) -> list[str]:
     first = line.split("|")[1]
     return [part.strip().strip("`") for part in first.split(",")]
+
+
+def test_a_claimed_id_that_cannot_be_encoded_is_refused_not_raised() -> None:
+    """Structured mode: the claimed id is read before the signature is checked, and a lone
+    surrogate escape in it could not be compared with webhook-id (found by the fuzzer)."""
+    value = STRUCTURED_ED["value_utf8"].replace('"evt-0001"', '"\\udc00"').encode()
+    headers = {**dict(_signed_headers(STRUCTURED_ED)), "webhook-id": b"x"}
+    assert _reason(STRUCTURED_ED, value=value, headers=headers) == "malformed"
