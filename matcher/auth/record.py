@@ -179,8 +179,20 @@ def reserved_headers(
     return found
 
 
+_MEDIA_TYPES: dict[bytes, str | Rejection] = {}  # content types repeat: remembered, bounded
+
+
 def media_type(raw: bytes) -> str | Rejection:
     """The lowercased media type of a content-type value; its parameters checked."""
+    found = _MEDIA_TYPES.get(raw)
+    if found is None:
+        found = _media_type(raw)
+        if len(_MEDIA_TYPES) < _NAME_KINDS_MAX:
+            _MEDIA_TYPES[raw] = found
+    return found
+
+
+def _media_type(raw: bytes) -> str | Rejection:
     try:
         text = raw.decode("ascii")
     except UnicodeDecodeError:

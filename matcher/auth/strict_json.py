@@ -47,6 +47,10 @@ def _no_constants(name: str) -> Any:
 _SUSPECT = re.compile(r"\\u|[0-9][eE]\+?[0-9]{3}|[0-9]{300}")
 
 
+# One decoder for every call: json.loads with these options would build one each time.
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
+
+
 def _may_be_unstorable(text: str, max_depth: int) -> bool:
     """False when ``text`` certainly parsed to a storable value within ``max_depth``: the
     walk of every value (the bulk of the cost) is then not needed."""
@@ -60,7 +64,7 @@ def loads(raw: bytes, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     except UnicodeDecodeError as exc:
         raise JsonRefused(f"not UTF-8 (at byte {exc.start})") from None
     try:
-        value = json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
+        value = _DECODER.decode(text)
     except RecursionError:
         raise JsonRefused(f"nesting deeper than {max_depth} levels", "limit_exceeded") from None
     except JsonRefused:

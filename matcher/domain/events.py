@@ -39,6 +39,8 @@ MAX_IDENT_BYTES = 512
 
 def _storable_text(value: str) -> str:
     # Refused here, where the reason can be given, rather than by Postgres for a whole batch.
+    if value.isascii() and len(value) <= MAX_IDENT_BYTES and "\x00" not in value:
+        return value  # the common case, decided without a regex or an encode
     found = _UNSTORABLE_CHAR.search(value)
     if found is not None:
         raise ValueError(f"must not contain {_char_problem(found.group())}")

@@ -39,11 +39,25 @@ def arrival(message: KafkaMessage, read_at: datetime) -> datetime:
     return read_at
 
 
+# Header names repeat from record to record: their bytes are remembered (up to a bound,
+# the names being the sender's choice).
+_NAME_BYTES: dict[str, bytes] = {}
+_NAME_BYTES_MAX = 4096
+
+
+def _name_bytes(name: str | bytes) -> bytes:
+    if isinstance(name, bytes):
+        return name
+    found = _NAME_BYTES.get(name)
+    if found is None:
+        found = name.encode()  # aiokafka decoded it (it refuses names that are not UTF-8)
+        if len(_NAME_BYTES) < _NAME_BYTES_MAX:
+            _NAME_BYTES[name] = found
+    return found
+
+
 def header_bytes(headers: Sequence[tuple[str | bytes, bytes | None]]) -> tuple[Header, ...]:
-    # aiokafka hands names over decoded (it refuses records whose names are not UTF-8).
-    return tuple(
-        (name if isinstance(name, bytes) else name.encode(), value) for name, value in headers
-    )
+    return tuple([(_name_bytes(name), value) for name, value in headers])
 
 
 def raw_record(message: KafkaMessage, read_at: datetime) -> RawRecord:
