@@ -23,9 +23,7 @@ async def sweep_once(pool: AsyncConnectionPool, limit: int) -> int:
     async with pool.connection() as conn, conn.transaction():
         cur = await conn.execute(query("resolve", "sweep_deadlines"), {"limit": limit})
         row = await cur.fetchone()
-        timed_out = int(row[0]) if row else 0
-        if timed_out:
-            await conn.execute(query("ingest", "notify_outbox"))
+        timed_out = int(row[0]) if row and row[0] else 0
         crash_point("sweeper.in_transaction")
     return timed_out
 

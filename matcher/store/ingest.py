@@ -131,9 +131,10 @@ async def queue_for_rematch(conn: AsyncConn, keys: Iterable[Key], after_s: float
 async def resolve_by_events(
     conn: AsyncConn, resolutions: Sequence[Placement], received_at: Sequence[datetime | None]
 ) -> Any:
-    """Resolve the waits of ``resolutions`` (outbox rows included); the caller checks the
-    count the returned cursor yields, once its pipeline has synced."""
-    cur = await conn.execute(
+    """Resolve the waits of ``resolutions`` (outbox rows included; the relay is woken at
+    commit); the caller checks the count the returned cursor yields, once its pipeline
+    has synced."""
+    return await conn.execute(
         query("ingest", "resolve_by_events"),
         {
             "wait_id": [p.wait_id for p in resolutions],
@@ -142,8 +143,6 @@ async def resolve_by_events(
             "received_at": list(received_at),
         },
     )
-    await conn.execute(query("ingest", "notify_outbox"))
-    return cur
 
 
 async def check_resolved(cur: Any, expected: int) -> None:

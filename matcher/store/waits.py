@@ -62,13 +62,9 @@ async def register_wait_async(conn: AsyncConn, spec: WaitSpec) -> Wait:
 
 def cancel_wait(conn: Conn, wait_id: UUID | str) -> bool:
     """Cancel a waiting wait; True if this call cancelled it (False: already resolved)."""
-    with conn.transaction():
-        with conn.cursor(row_factory=tuple_row) as cur:
-            row = cur.execute(query("resolve", "cancel_wait"), {"wait_id": wait_id}).fetchone()
-        cancelled = bool(row and row[0])
-        if cancelled:
-            conn.execute(query("ingest", "notify_outbox"))
-    return cancelled
+    with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute(query("resolve", "cancel_wait"), {"wait_id": wait_id}).fetchone()
+    return bool(row and row[0])
 
 
 def get_wait(conn: Conn, wait_id: UUID | str) -> Wait | None:

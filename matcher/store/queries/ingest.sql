@@ -76,26 +76,12 @@ ON CONFLICT DO NOTHING
 RETURNING producer, event_id;
 
 -- name: resolve_by_events
--- The conditional update (invariant 3) and the outbox rows, in the caller's transaction;
--- the one statement that resolves waits by events (ingest and the rematch loop). An event
--- stored in this transaction has received_at NULL here: its inbox row has now().
-WITH resolved AS (
-    UPDATE matcher.waits AS w
-    SET state = 'matched', resolved_at = now(), resolution = 'event',
-        resolved_by_producer = u.producer, resolved_by_event_id = u.event_id,
-        resolved_by_received_at = coalesce(u.received_at, now()),
-        version = w.version + 1
-    FROM unnest(%(wait_id)b::uuid[], %(producer)b::text[], %(event_id)b::text[],
-                %(received_at)b::timestamptz[])
-        AS u(wait_id, producer, event_id, received_at)
-    WHERE w.id = u.wait_id AND w.state = 'waiting'
-    RETURNING w.id, w.tenant, w.run_id
-), queued AS (
-    INSERT INTO matcher.outbox (wait_id, tenant, run_id, outcome)
-    SELECT id, tenant, run_id, 'event' FROM resolved
-    RETURNING 1
-)
-SELECT count(*) FROM queued;
+-- Waits resolved by events (ingest and the rematch pass); see matcher.resolve_waits. An
+-- event stored in this transaction has received_at NULL here: its inbox row has now().
+SELECT matcher.resolve_waits(
+    %(wait_id)b::uuid[], 'matched', 'event', 'event',
+    %(producer)b::text[], %(event_id)b::text[], %(received_at)b::timestamptz[]
+);
 
 -- name: queue_keys
 -- Keys left to the rematch loop (their waits were busy); it is woken at commit.
@@ -123,7 +109,3 @@ FROM unnest(
     %(sha256)b::bytea[], %(truncated)b::boolean[]
 )
 ON CONFLICT (kafka_topic, kafka_partition, kafka_offset) DO NOTHING;
-
--- name: notify_outbox
--- Wakes the relays (delivered at commit, so never before the rows are visible).
-SELECT pg_notify('matcher_outbox', '');

@@ -13,33 +13,8 @@ WITH due AS (
     ORDER BY w.deadline
     LIMIT %(limit)s
     FOR UPDATE OF w SKIP LOCKED
-), resolved AS (
-    UPDATE matcher.waits AS w
-    SET state = 'timed_out', resolved_at = now(), resolution = 'deadline', version = w.version + 1
-    FROM due
-    WHERE w.id = due.id AND w.state = 'waiting'
-    RETURNING w.id, w.tenant, w.run_id
-), queued AS (
-    INSERT INTO matcher.outbox (wait_id, tenant, run_id, outcome)
-    SELECT id, tenant, run_id, 'timeout' FROM resolved
-    RETURNING 1
 )
-SELECT count(*) FROM queued;
-
--- name: oldest_overdue
--- How far the sweeper is behind: the age of the earliest deadline still waiting.
-SELECT extract(epoch FROM now() - min(deadline))
-FROM matcher.waits WHERE state = 'waiting' AND deadline <= now();
+SELECT matcher.resolve_waits(coalesce(array_agg(id), '{}'), 'timed_out', 'deadline', 'timeout') FROM due;
 
 -- name: cancel_wait
-WITH resolved AS (
-    UPDATE matcher.waits AS w
-    SET state = 'cancelled', resolved_at = now(), resolution = 'cancel', version = w.version + 1
-    WHERE w.id = %(wait_id)s AND w.state = 'waiting'
-    RETURNING w.id, w.tenant, w.run_id
-), queued AS (
-    INSERT INTO matcher.outbox (wait_id, tenant, run_id, outcome)
-    SELECT id, tenant, run_id, 'cancelled' FROM resolved
-    RETURNING 1
-)
-SELECT count(*) FROM queued;
+SELECT matcher.resolve_waits(ARRAY[%(wait_id)s::uuid], 'cancelled', 'cancel', 'cancelled');
