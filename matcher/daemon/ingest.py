@@ -25,7 +25,6 @@ from matcher.auth.policy import Policy
 from matcher.auth.registry import Registry
 from matcher.config import Settings
 from matcher.daemon.faults import crash_point
-from matcher.daemon.janitor import ensure_days
 from matcher.daemon.registry_watch import RegistryHolder
 from matcher.domain.events import Rejection
 from matcher.kafka import codecs
@@ -35,6 +34,7 @@ from matcher.kafka.dead_letters import DeadLetters
 from matcher.kafka.fetch import FetchedRecord, SafeFetcher
 from matcher.metrics import EVENTS_RECEIVED, EVENTS_REJECTED
 from matcher.store.ingest import BatchResult, ConcurrentInsert, IngestRecord, store_batch
+from matcher.store.maintenance import ensure_days
 from matcher.store.quarantine_rows import Bounds
 
 log = logging.getLogger("matcher.ingest")

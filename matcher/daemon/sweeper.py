@@ -13,7 +13,7 @@ from psycopg_pool import AsyncConnectionPool
 from matcher.config import Settings
 from matcher.daemon.faults import crash_point
 from matcher.metrics import TIMEOUTS
-from matcher.store.sql import query
+from matcher.store.waits import time_out_due
 
 log = logging.getLogger("matcher.sweeper")
 
@@ -21,9 +21,7 @@ log = logging.getLogger("matcher.sweeper")
 async def sweep_once(pool: AsyncConnectionPool, limit: int) -> int:
     """Time out up to ``limit`` due waits in one transaction; return how many."""
     async with pool.connection() as conn, conn.transaction():
-        cur = await conn.execute(query("resolve", "sweep_deadlines"), {"limit": limit})
-        row = await cur.fetchone()
-        timed_out = int(row[0]) if row and row[0] else 0
+        timed_out = await time_out_due(conn, limit)
         crash_point("sweeper.in_transaction")
     return timed_out
 

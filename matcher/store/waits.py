@@ -67,6 +67,14 @@ def cancel_wait(conn: Conn, wait_id: UUID | str) -> bool:
     return bool(row and row[0])
 
 
+async def time_out_due(conn: AsyncConn, limit: int) -> int:
+    """Time out up to ``limit`` waits past their deadline (the sweeper; in the caller's
+    transaction); return how many."""
+    cur = await conn.execute(query("resolve", "sweep_deadlines"), {"limit": limit})
+    row = await cur.fetchone()
+    return int(row[0]) if row and row[0] else 0
+
+
 def get_wait(conn: Conn, wait_id: UUID | str) -> Wait | None:
     with conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(query("waits", "get_wait"), {"wait_id": wait_id}).fetchone()

@@ -97,10 +97,10 @@ HOT = [
     ("resolve", "sweep_deadlines", {"limit": 1000}),
     ("resolve", "cancel_wait", {"wait_id": "00000000-0000-0000-0000-000000000001"}),
     ("relay", "claim_unpublished", {"limit": 500}),
-    ("janitor", "expire_pending", {"retention": timedelta(days=7), "limit": 5000}),
-    ("janitor", "expired_days", {"keep": timedelta(days=14)}),
+    ("maintenance", "expire_pending", {"retention": timedelta(days=7), "limit": 5000}),
+    ("maintenance", "expired_days", {"keep": timedelta(days=14)}),
     (
-        "janitor",
+        "maintenance",
         "day_still_needed",
         {"starts": datetime(2026, 1, 1, tzinfo=UTC), "ends": datetime(2026, 1, 2, tzinfo=UTC)},
     ),
