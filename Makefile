@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed-stamp
 USE_ENV := if [ -z "$${MATCHER_KAFKA_BOOTSTRAP_SERVERS:-}" ] || [ -z "$${MATCHER_DATABASE_URL:-}" ]; then \
 	$(BIN)/matcher devstack up && eval "$$($(BIN)/matcher devstack env)"; fi
 
-.PHONY: help install up down status migrate run lint test test-fast chart-check campaign bench bench-quick schemas clean
+.PHONY: help install up down status migrate run lint test test-fast test-tools chart-check campaign bench bench-quick schemas schema-sql clean
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -52,7 +52,9 @@ lint: install ## Lint, format check, strict type check, import contracts.
 chart-check: ## Lint and render the Helm chart; check bad values are refused (builds helm once; needs Go).
 	scripts/check-chart
 
+# promtool is built (once) before pytest, so that the build's progress shows.
 test: lint chart-check ## Lint, check the chart, then every test against real Kafka and Postgres.
+	scripts/install-promtool >/dev/null
 	$(USE_ENV); $(BIN)/pytest
 
 # The long campaign: the gate fuzzed with FUZZ_INPUTS inputs (and coverage-guided with
@@ -88,8 +90,16 @@ bench-quick: install ## The benchmark in under 3 minutes (fewer events, smaller 
 schemas: install ## Regenerate schemas/ from the pydantic models (a test fails when they drift).
 	$(BIN)/python -m matcher.wire_schemas schemas
 
-test-fast: install ## Only the unit tests (no services).
+schema-sql: install ## Rewrite matcher/store/schema.sql from the migrations (a test fails when it drifts).
+	$(USE_ENV); $(BIN)/python -m matcher.store.schema_file
+
+test-fast: install ## Only the unit tests (no services, no helm or promtool).
 	$(BIN)/pytest tests/unit producers/python/tests
+
+test-tools: install ## The tests that run helm and promtool (no services; builds both once; needs Go).
+	scripts/install-helm >/dev/null
+	scripts/install-promtool >/dev/null
+	$(BIN)/pytest tests/tools
 
 clean: ## Remove the virtualenv and caches (the devstack's data stays; see `matcher devstack up --fresh`).
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

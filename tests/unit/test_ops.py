@@ -1,11 +1,10 @@
-"""The alert rules (promtool's own unit tests) and the dashboard, against our metrics."""
+"""The alert rules and the dashboard, against our metrics (promtool's tests of the rules are
+in tests/tools/test_alert_rules.py)."""
 
 from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import yaml
@@ -26,30 +25,6 @@ def _known_names() -> set[str]:
         if metric.type == "histogram":
             names.update(metric.name + suffix for suffix in ("_bucket", "_sum", "_count"))
     return names
-
-
-def _promtool() -> str:
-    found = shutil.which("promtool")
-    assert found, (
-        "promtool not found: install Debian's `prometheus` package "
-        "(scripts/install-prerequisites does)"
-    )
-    return found
-
-
-def test_alert_rules_pass_promtool_check_and_unit_tests() -> None:
-    promtool = _promtool()
-    check = subprocess.run(
-        [promtool, "check", "rules", "alerts.yaml"],
-        cwd=OPS / "prometheus", capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert check.returncode == 0, check.stdout + check.stderr
-    tested = subprocess.run(
-        [promtool, "test", "rules", "alerts.test.yaml"],
-        cwd=OPS / "prometheus", capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert tested.returncode == 0, tested.stdout + tested.stderr
-    assert "SUCCESS" in tested.stdout
 
 
 def test_rules_and_dashboard_use_only_metrics_that_exist() -> None:
