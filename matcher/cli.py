@@ -1,74 +1,294 @@
-"""The ``matcher`` command line: the daemon, migrations, and the local stack."""
+"""The ``matcher`` command line: the daemon, migrations, inspection, and the local stack.
+
+Every expected failure is one line on stderr, ``matcher: ...``, and one of these exit codes
+(the README lists them too):
+
+- 0: done;
+- 1: the operation failed (no such run, wait or launch; a wait already resolved; a loop of
+  the daemon died; a migration refused);
+- 2: bad usage or configuration (an unknown option, a bad option value, a bad MATCHER_*
+  setting, an unreadable producers or key file);
+- 3: a service could not be reached, or failed: Postgres or Kafka;
+- 4: the database or Kafka is not set up for this matcher (no matcher schema, an older
+  one, a missing topic): run ``matcher migrate``;
+- 130: interrupted (Ctrl-C).
+
+Every option can also come from the environment: ``MATCHER_<COMMAND>_<OPTION>``, the
+option's own name in capitals with dashes as underscores (``matcher waits list --job-id``
+is ``MATCHER_WAITS_LIST_JOB_ID``, ``matcher explain --json`` is ``MATCHER_EXPLAIN_JSON``);
+``--help`` shows each one.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import logging
+import os
 import shlex
 import sys
 import time
+import uuid
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
+from pydantic import BaseModel, SecretStr, ValidationError, field_validator
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
+from typer import _click as click  # typer vendors click: its commands are these
+from typer._click import exceptions as click_errors
+from typer.core import TyperGroup, TyperOption
 
-from matcher.config import ConfigError, Settings, load_settings
+from matcher import __version__
+from matcher.config import Settings, _describe
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+EXIT_NOT_MIGRATED = 4
+EXIT_INTERRUPTED = 130
+
+_HELP = (
+    "matcher: durable waits for agent runs. Completion events from Kafka are matched to "
+    "stored waits exactly once, and resumes are published for the next worker.\n\n"
+    'Every setting is a MATCHER_* environment variable; `eval "$(matcher devstack env)"` '
+    "points them at the local stack. Every option can also be set as "
+    "MATCHER_<COMMAND>_<OPTION> (e.g. MATCHER_WAITS_LIST_JOB_ID, MATCHER_EXPLAIN_JSON).\n\n"
+    "Exit codes: 0 done, 1 the operation failed, 2 bad usage or configuration, 3 Postgres "
+    "or Kafka unreachable, 4 not migrated (run `matcher migrate`), 130 interrupted."
+)
+
+
+def _typer(help_text: str) -> typer.Typer:
+    # No markup in help texts: "[keys]" is a TOML table, not a style.
+    return typer.Typer(help=help_text, no_args_is_help=True, rich_markup_mode=None)
+
 
 app = typer.Typer(
-    help="matcher: durable waits for agent runs. Completion events from Kafka are matched "
-    "to stored waits exactly once, and resumes are published for the next worker.\n\n"
-    'Every setting is a MATCHER_* environment variable; `eval "$(matcher devstack env)"` '
-    "points them at the local stack.",
+    help=_HELP,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    # Every option can also come from the environment: MATCHER_<COMMAND>_<OPTION>, e.g.
-    # MATCHER_WAITS_ADD_TENANT=acme or MATCHER_RESUMES_TAIL_TIMEOUT=10.
-    context_settings={"auto_envvar_prefix": "MATCHER", "show_default": True},
+    rich_markup_mode=None,
+    context_settings={"show_default": True},
 )
-devstack_app = typer.Typer(
-    help="A local Apache Kafka (KRaft) and PostgreSQL for development and tests, kept in "
-    ".devstack/ at the project root (or MATCHER_DEVSTACK_DIR).",
-    no_args_is_help=True,
+devstack_app = _typer(
+    "A local Apache Kafka (KRaft) and PostgreSQL for development and tests, kept in "
+    ".devstack/ at the project root (or MATCHER_DEVSTACK_DIR)."
 )
 app.add_typer(devstack_app, name="devstack")
-waits_app = typer.Typer(help="Register, list and cancel waits.", no_args_is_help=True)
+waits_app = _typer("Register, list and cancel waits.")
 app.add_typer(waits_app, name="waits")
-events_app = typer.Typer(help="Look at the event inbox.", no_args_is_help=True)
+events_app = _typer("Look at the event inbox.")
 app.add_typer(events_app, name="events")
-resumes_app = typer.Typer(help="Read the resume topic.", no_args_is_help=True)
+resumes_app = _typer("Read the resume topic.")
 app.add_typer(resumes_app, name="resumes")
-launches_app = typer.Typer(help="Launch intents and their audit trail.", no_args_is_help=True)
+launches_app = _typer("Launch intents and their audit trail.")
 app.add_typer(launches_app, name="launches")
-quarantine_app = typer.Typer(
-    help="Rejected records: see why, and replay them after fixing the cause.",
-    no_args_is_help=True,
-)
+quarantine_app = _typer("Rejected records: see why, and replay them after fixing the cause.")
 app.add_typer(quarantine_app, name="quarantine")
 
 err = Console(stderr=True)
 out = Console()
 
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
-def _fail(lines: list[str], code: int = 1) -> NoReturn:
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"matcher {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    pass
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+def _fail(lines: Sequence[str], code: int = EXIT_FAILED) -> NoReturn:
     for line in lines:
         print(line, file=sys.stderr)  # unwrapped: one line per problem, even on a narrow tty
     raise typer.Exit(code)
 
 
-def _settings() -> Settings:
+# Settings. A verb asks only for the services it uses: `waits list` needs no Kafka
+# settings, `emit` no database URL.
+
+
+class _AnyServices(Settings):
+    """The settings with both services optional (empty: not configured)."""
+
+    kafka_bootstrap_servers: str = ""
+    database_url: SecretStr = SecretStr("")
+
+    @field_validator("kafka_bootstrap_servers")
+    @classmethod
+    def _check_bootstrap(cls, value: str) -> str:
+        return value if value == "" else Settings._check_bootstrap(value)
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_database_url(cls, value: SecretStr) -> SecretStr:
+        return value if value.get_secret_value() == "" else Settings._check_database_url(value)
+
+
+def _settings(*, postgres: bool = True, kafka: bool = True, **overrides: Any) -> Settings:
+    problems: list[str] = []
+    settings: Settings | None = None
     try:
-        return load_settings()
-    except ConfigError as exc:
-        _fail([f"matcher: configuration error: {p}" for p in exc.problems], code=2)
+        settings = _AnyServices(**overrides)
+    except ValidationError as exc:
+        problems = [_describe(e) for e in exc.errors()]
+    wanted = {"database_url": postgres, "kafka_bootstrap_servers": kafka}
+    for field, needed in wanted.items():
+        if needed and not _given(field, settings, overrides):
+            problems.append(f"MATCHER_{field.upper()}: required, not set")
+    if problems or settings is None:
+        _fail([f"matcher: configuration error: {p}" for p in problems], code=EXIT_USAGE)
+    return settings
+
+
+def _given(field: str, settings: Settings | None, overrides: Mapping[str, Any]) -> bool:
+    if settings is not None:
+        value = getattr(settings, field)
+        return bool(value.get_secret_value() if isinstance(value, SecretStr) else value)
+    # The settings did not validate: was the variable given at all? (Read as pydantic-
+    # settings reads it: case-insensitively, empty meaning unset here.)
+    variable = f"MATCHER_{field.upper()}"
+    return bool(overrides.get(field)) or any(
+        name.upper() == variable and value for name, value in os.environ.items()
+    )
 
 
 def _configure_logging(settings: Settings) -> None:
     from matcher import logs
 
     logs.configure(settings.log_level, settings.log_format)
+
+
+def _quiet_clients() -> None:
+    """For the verbs that are Kafka clients (not the daemon): the Kafka client's own log
+    lines ("Unable connect to ...") are not for the person at the terminal, who gets one
+    line saying what failed."""
+    for name in ("aiokafka", "kafka", "matcher.lag"):
+        logger = logging.getLogger(name)
+        logger.addHandler(logging.NullHandler())
+        logger.propagate = False
+
+
+# Output: JSON with every timestamp in RFC 3339 UTC ("...Z"), tables without markup.
+
+
+def _print_json(value: Any) -> None:
+    from matcher.admin.explain import jsonable
+
+    if isinstance(value, BaseModel):
+        value = value.model_dump()
+    elif isinstance(value, list):
+        value = [v.model_dump() if isinstance(v, BaseModel) else v for v in value]
+    print(json.dumps(jsonable(value)), flush=True)
+
+
+def _when(moment: datetime | None) -> str:
+    from matcher.domain.explain import rfc3339
+
+    return "-" if moment is None else rfc3339(moment, seconds=True)
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    # Cells are Text, not markup: a tenant or a quarantine detail is whatever a record said.
+    table = Table(*headers)
+    for row in rows:
+        table.add_row(*(Text(str(cell)) for cell in row))
+    out.print(table)
+
+
+def _validation_lines(exc: ValidationError, options: Mapping[str, str]) -> list[str]:
+    lines = []
+    for e in exc.errors():
+        field = str(e["loc"][0]) if e["loc"] else ""
+        option = options.get(field, "--" + field.replace("_", "-"))
+        message = str(e["msg"]).removeprefix("Value error, ")
+        lines.append(f"matcher: {option} {e['input']!r}: {message}")
+    return lines
+
+
+def _filters(model: type[Any], options: Mapping[str, str], **values: Any) -> Any:
+    """The shared filter model of a list (matcher.admin.filters), or exit 2 naming the
+    option that is wrong."""
+    try:
+        return model(**{k: v for k, v in values.items() if v is not None})
+    except ValidationError as exc:
+        _fail(_validation_lines(exc, options), code=EXIT_USAGE)
+
+
+def _connect(settings: Settings) -> Any:
+    import psycopg
+
+    try:
+        return psycopg.connect(settings.database_url.get_secret_value(), autocommit=True)
+    except psycopg.OperationalError as exc:
+        _fail([f"matcher: cannot reach Postgres: {_one_line(exc)}"], code=EXIT_UNREACHABLE)
+
+
+def _schema_problem(conn: Any) -> str | None:
+    """What the database lacks for this matcher's schema, or None."""
+    from matcher.store.migrate import load_migrations
+    from matcher.store.sql import query
+
+    if not conn.execute(query("views", "schema_present")).fetchone()[0]:
+        return "the database has no matcher schema"
+    applied = {row[0] for row in conn.execute(query("migrate", "applied"))}
+    missing = [m for m in load_migrations() if m.version not in applied]
+    if missing:
+        first = missing[0]
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        return (
+            f"the database schema is older than this matcher (migration "
+            f"{first.version:04d}_{first.name}{more} not applied)"
+        )
+    return None
+
+
+def _require_schema(settings: Settings) -> None:
+    """Before the daemon starts: Postgres answers (within the startup timeout) and has
+    every migration, so a missing schema is said at once rather than by a dying loop."""
+    import psycopg
+
+    deadline = time.monotonic() + settings.startup_timeout_s
+    while True:
+        try:
+            with psycopg.connect(
+                settings.database_url.get_secret_value(), autocommit=True, connect_timeout=5
+            ) as conn:
+                problem = _schema_problem(conn)
+            break
+        except psycopg.OperationalError as exc:
+            if time.monotonic() >= deadline:
+                _fail(
+                    [f"matcher: cannot start: Postgres did not answer: {_one_line(exc)}"],
+                    code=EXIT_UNREACHABLE,
+                )
+            time.sleep(0.5)
+    if problem is not None:
+        _fail([f"matcher: cannot start: {problem}: run `matcher migrate`"], EXIT_NOT_MIGRATED)
 
 
 @app.command()
@@ -81,24 +301,46 @@ def run(
             show_default="127.0.0.1:9464",
         ),
     ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Log one JSON object per line (MATCHER_LOG_FORMAT).")
+    ] = False,
 ) -> None:
     """Run the daemon in the foreground until SIGTERM or Ctrl-C (then exit 0)."""
+    from matcher.auth.registry import RegistryError
     from matcher.daemon.app import LoopFailed, StartupError
     from matcher.daemon.app import run as run_daemon
 
-    settings = _settings()
+    overrides: dict[str, Any] = {}
     if admin_address is not None:
-        try:
-            settings = load_settings(admin_address=admin_address)
-        except ConfigError as exc:
-            _fail([f"matcher: configuration error: {p}" for p in exc.problems], code=2)
+        overrides["admin_address"] = admin_address
+    if as_json:
+        overrides["log_format"] = "json"
+    settings = _settings(**overrides)
+    if settings.producers_file is None and not settings.allow_unsigned:
+        _fail(
+            [
+                "matcher: configuration error: MATCHER_PRODUCERS_FILE is not set: without it "
+                "no event can be authenticated (MATCHER_ALLOW_UNSIGNED=true accepts unsigned "
+                "events, for local development)"
+            ],
+            code=EXIT_USAGE,
+        )
     _configure_logging(settings)
+    _require_schema(settings)
     try:
         asyncio.run(run_daemon(settings))
     except StartupError as exc:
-        _fail([f"matcher: cannot start: {exc}"])
+        if isinstance(exc.__cause__, RegistryError):
+            code = EXIT_USAGE
+        elif "matcher migrate" in str(exc):  # a topic is missing
+            code = EXIT_NOT_MIGRATED
+        elif exc.__cause__ is not None:  # Kafka or Postgres did not answer
+            code = EXIT_UNREACHABLE
+        else:
+            code = EXIT_FAILED
+        _fail([f"matcher: cannot start: {_one_line(exc)}"], code)
     except LoopFailed as exc:
-        _fail([f"matcher: stopped because a loop failed: {exc}"])
+        _fail([f"matcher: stopped because a loop failed: {exc} (the log above says why)"])
 
 
 @app.command()
@@ -107,9 +349,11 @@ def migrate(
         bool,
         typer.Option(
             help="Also create the missing topics (events, resumes, dead letters) and give the "
-            "events topic broker timestamps (message.timestamp.type=LogAppendTime)."
+            "events topic broker timestamps (message.timestamp.type=LogAppendTime). "
+            "--no-topics needs no Kafka settings."
         ),
     ] = True,
+    as_json: JsonFlag = False,
 ) -> None:
     """Apply pending database migrations and create the Kafka topics that are missing.
 
@@ -120,92 +364,137 @@ def migrate(
     from matcher.store.migrate import MigrationError
     from matcher.store.migrate import migrate as apply_migrations
 
-    settings = _settings()
+    settings = _settings(kafka=topics)
+    _quiet_clients()
     try:
         applied = apply_migrations(settings.database_url.get_secret_value())
     except MigrationError as exc:
-        _fail([f"matcher: migrate: {exc}"])
-    for migration in applied:
-        out.print(f"applied migration {migration.version:04d}_{migration.name}")
-    if not applied:
-        out.print("database schema is up to date")
+        _fail([f"matcher: migrate: {_one_line(exc)}"])
+    done: list[str] = []
     if topics:
-        done = asyncio.run(prepare_topics(settings))
-        for line in done:
-            out.print(line)
-        if not done:
-            out.print("topics exist")
+        try:
+            done = asyncio.run(prepare_topics(settings))
+        except RuntimeError as exc:  # the broker refused a topic
+            _fail([f"matcher: migrate: {_one_line(exc)}"])
+    if as_json:
+        _print_json(
+            {
+                "applied": [f"{m.version:04d}_{m.name}" for m in applied],
+                "topics": done if topics else None,
+            }
+        )
+        return
+    for migration in applied:
+        print(f"applied migration {migration.version:04d}_{migration.name}")
+    if not applied:
+        print("database schema is up to date")
+    for line in done:
+        print(line)
+    if topics and not done:
+        print("topics exist")
+
+
+def _devstack() -> Any:
+    """The project's devstack, found from anywhere inside the project: the nearest
+    directory upward with a .devstack/ (or the nearest with a .git, or whose pyproject.toml
+    is matcher's), so that a subproject's own pyproject.toml (producers/python) does not
+    hide it. MATCHER_DEVSTACK_DIR, when set, wins."""
+    import tomllib
+
+    from matcher.devstack.stack import Devstack
+
+    if os.environ.get("MATCHER_DEVSTACK_DIR"):
+        return Devstack()
+    here = Path.cwd().resolve()
+    for candidate in (here, *here.parents):
+        if (candidate / ".devstack").is_dir():
+            return Devstack(candidate / ".devstack")
+    for candidate in (here, *here.parents):
+        if (candidate / ".git").exists():
+            return Devstack(candidate / ".devstack")
+        try:
+            project = tomllib.loads((candidate / "pyproject.toml").read_text())
+        except (OSError, ValueError):
+            continue
+        if project.get("project", {}).get("name") == "matcher":
+            return Devstack(candidate / ".devstack")
+    return Devstack()
 
 
 @devstack_app.command("up")
 def devstack_up(
     fresh: Annotated[bool, typer.Option(help="Wipe Kafka's and Postgres' data first.")] = False,
     timeout: Annotated[
-        float, typer.Option(help="Seconds to wait for each service to become ready.")
+        float, typer.Option(min=1, help="Seconds to wait for each service to become ready.")
     ] = 120.0,
+    as_json: JsonFlag = False,
 ) -> None:
     """Start Kafka and Postgres (idempotent: running services are left alone)."""
     from matcher.devstack.procs import DevstackError
-    from matcher.devstack.stack import Devstack
+    from matcher.devstack.stack import as_json as statuses_json
 
-    stack = Devstack()
+    stack = _devstack()
     started = time.monotonic()
     try:
         with err.status("starting the devstack (the first start downloads Kafka's jars)"):
             stack.up(fresh=fresh, timeout=timeout)
     except DevstackError as exc:
-        _fail([f"matcher devstack: {exc}"])
-    err.print(f"devstack up in {time.monotonic() - started:.1f}s ({stack.home})")
+        _fail([f"matcher devstack: {_one_line(exc)}"])
+    if as_json:
+        _print_json(
+            {"home": str(stack.home), "services": statuses_json(stack.status()), "env": stack.env()}
+        )
+        return
+    err.print(f"devstack up in {time.monotonic() - started:.1f}s ({stack.home})", markup=False)
     for key, value in stack.env().items():
         err.print(f"  {key}={value}", markup=False, highlight=False)
 
 
 @devstack_app.command("down")
-def devstack_down() -> None:
+def devstack_down(as_json: JsonFlag = False) -> None:
     """Stop Kafka and Postgres; their data is kept for the next `up`."""
     from matcher.devstack.procs import DevstackError
-    from matcher.devstack.stack import Devstack
+    from matcher.devstack.stack import as_json as statuses_json
 
+    stack = _devstack()
     try:
-        Devstack().down()
+        stack.down()
     except DevstackError as exc:
-        _fail([f"matcher devstack: {exc}"])
+        _fail([f"matcher devstack: {_one_line(exc)}"])
+    if as_json:
+        _print_json({"home": str(stack.home), "services": statuses_json(stack.status())})
+        return
     err.print("devstack down")
 
 
 @devstack_app.command("status")
-def devstack_status(
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-) -> None:
+def devstack_status(as_json: JsonFlag = False) -> None:
     """Show whether each service runs, where, and its log. Exit 1 if one is down."""
-    from matcher.devstack.stack import Devstack
     from matcher.devstack.stack import as_json as statuses_json
 
-    statuses = Devstack().status()
+    statuses = _devstack().status()
     if as_json:
         print(json.dumps(statuses_json(statuses), indent=2))
     else:
         table = Table("service", "state", "pid", "address", "log")
         for s in statuses:
             state = "[green]running[/]" if s.running else "[red]stopped[/]"
-            table.add_row(s.name, state, str(s.pid or "-"), s.address, s.log)
+            table.add_row(s.name, state, str(s.pid or "-"), Text(s.address), Text(s.log))
         out.print(table)
     if not all(s.running for s in statuses):
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILED)
 
 
 @devstack_app.command("env")
-def devstack_env(
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-) -> None:
-    """Print shell exports for the stack: eval "$(matcher devstack env)"."""
+def devstack_env(as_json: JsonFlag = False) -> None:
+    """Print shell exports for the stack: eval "$(matcher devstack env)". Works from any
+    directory inside the project."""
     from matcher.devstack.procs import DevstackError
-    from matcher.devstack.stack import Devstack
 
     try:
-        variables = Devstack().env()
+        variables = _devstack().env()
     except DevstackError as exc:
-        _fail([f"matcher devstack: {exc}"])
+        _fail([f"matcher devstack: {_one_line(exc)}"])
     if as_json:
         print(json.dumps(variables))
     else:
@@ -219,16 +508,18 @@ def explain(
     tenant: Annotated[
         str | None, typer.Option(help="The run's tenant (needed when run ids repeat).")
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Why a run is where it is: resolved (by which event, or deadline, or cancel), or
-    still waiting because of a missing signal, a mismatch, or a backlog."""
+    still waiting because of a missing signal, a mismatch, or a backlog. Needs Postgres;
+    the consumer lag comes from Kafka when MATCHER_KAFKA_BOOTSTRAP_SERVERS is set."""
     import psycopg
 
     from matcher.admin.explain import explain_run, explanation_body
     from matcher.store.explain import AmbiguousRun, UnknownRun
 
-    settings = _settings()
+    settings = _settings(kafka=False)
+    _quiet_clients()
 
     async def go() -> Any:
         async with await psycopg.AsyncConnection.connect(
@@ -241,17 +532,17 @@ def explain(
     except UnknownRun:
         _fail([f"matcher: no waits for run {run_id!r}"])
     except AmbiguousRun as exc:
-        _fail([f"matcher: {exc}: give --tenant"], code=2)
+        _fail([f"matcher: {exc}: give --tenant"], code=EXIT_USAGE)
     wait = explanation.evidence["wait"]
     if as_json:
         _print_json(explanation_body(run_id, explanation))
         return
-    out.print(
-        f"run [bold]{run_id}[/] ({wait['tenant']}), position {wait['position']}, wait "
-        f"{wait['id']}: [bold]{explanation.verdict.value}[/]"
+    print(
+        f"run {run_id} ({wait['tenant']}), position {wait['position']}, wait "
+        f"{wait['id']}: {explanation.verdict.value}"
     )
     for reason in explanation.reasons:
-        out.print(f"  - {reason}", markup=False, highlight=False)
+        print(f"  - {reason}")
 
 
 def _load_reconciler(spec: str) -> Any:
@@ -266,12 +557,13 @@ def _load_reconciler(spec: str) -> Any:
             for part in attribute.split("."):
                 target = getattr(target, part)
         except (ImportError, AttributeError) as exc:
-            _fail([f"matcher: --reconciler {spec!r}: {exc}"], code=2)
+            _fail([f"matcher: --reconciler {spec!r}: {exc}"], code=EXIT_USAGE)
         return target
     found = entry_points(group="matcher.reconcilers", name=spec)
     if not found:
         _fail(
-            [f"matcher: --reconciler {spec!r}: no such entry point in group matcher.reconcilers"], 2
+            [f"matcher: --reconciler {spec!r}: no such entry point in group matcher.reconcilers"],
+            EXIT_USAGE,
         )
     return next(iter(found)).load()
 
@@ -286,16 +578,16 @@ def reconcile(
         ),
     ],
     older_than: Annotated[
-        float, typer.Option(help="Only intents older than this many seconds.")
+        float, typer.Option(min=0, help="Only intents older than this many seconds.")
     ] = 300.0,
-    limit: Annotated[int, typer.Option(help="At most this many intents per run.")] = 1000,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many intents per run.")] = 1000,
+    as_json: JsonFlag = False,
 ) -> None:
     """Reconcile launch intents that never recorded a job id (the worker died around the
     external call): ask the external system, by idempotency key, what became of each."""
     from matcher.store.launches import reconcile as run_reconcile
 
-    settings = _settings()
+    settings = _settings(kafka=False)
     function = _load_reconciler(reconciler)
     with _connect(settings) as conn:
         results = asyncio.run(
@@ -318,44 +610,40 @@ def reconcile(
         print("no launch intents to reconcile")
 
 
+def _uuid(value: str, what: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        _fail([f"matcher: {value!r} is not a {what} id (a UUID)"], code=EXIT_USAGE)
+
+
 @launches_app.command("show")
 def launches_show(
     launch_id: Annotated[str, typer.Argument(help="The launch's id.")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """A launch intent and its audit trail."""
     from matcher.store.launches import audit_trail, get_launch
 
-    with _connect(_settings()) as conn:
-        try:
-            launch = get_launch(conn, launch_id)
-        except Exception:
-            launch = None
+    key = _uuid(launch_id, "launch")
+    with _connect(_settings(kafka=False)) as conn:
+        launch = get_launch(conn, key)
         if launch is None:
             _fail([f"matcher: no launch {launch_id}"])
         trail = audit_trail(conn, launch.id)
     if as_json:
-        _print_json({**launch.model_dump(mode="json"), "audit": trail})
+        _print_json({**launch.model_dump(), "audit": trail})
         return
-    out.print(
+    print(
         f"launch {launch.id} run {launch.run_id} pos {launch.position}: {launch.state.value}, "
         f"key {launch.idempotency_key}, correlation {launch.correlation_id}, "
         f"job {launch.external_job_id or '-'}"
     )
     for entry in trail:
         print(
-            f"  {entry['at'].isoformat(timespec='seconds')} {entry['actor']}: {entry['answer']}"
+            f"  {_when(entry['at'])} {entry['actor']}: {entry['answer']}"
             + (f" {entry['external_job_id']}" if entry["external_job_id"] else "")
         )
-
-
-def _connect(settings: Settings) -> Any:
-    import psycopg
-
-    try:
-        return psycopg.connect(settings.database_url.get_secret_value(), autocommit=True)
-    except psycopg.OperationalError as exc:
-        _fail([f"matcher: cannot reach Postgres: {' '.join(str(exc).split())}"])
 
 
 def _parse_deadline(text: str) -> datetime:
@@ -366,14 +654,10 @@ def _parse_deadline(text: str) -> datetime:
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
-        _fail([f"matcher: --deadline {text!r} is neither seconds nor an ISO-8601 time"], code=2)
+        _fail([f"matcher: --deadline {text!r} is neither seconds nor an ISO-8601 time"], EXIT_USAGE)
     if moment.tzinfo is None:
-        _fail([f"matcher: --deadline {text!r} needs a timezone, e.g. {text}Z"], code=2)
+        _fail([f"matcher: --deadline {text!r} needs a timezone, e.g. {text}Z"], code=EXIT_USAGE)
     return moment
-
-
-def _print_json(value: Any) -> None:
-    print(json.dumps(value, default=str))
 
 
 @waits_app.command("add")
@@ -390,11 +674,9 @@ def waits_add(
         typer.Option(help="Seconds from now, or an ISO-8601 time with a timezone."),
     ] = None,
     job_id: Annotated[str | None, typer.Option(help="External job id, if known.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Register a wait. If a matching event already arrived, it resolves at once."""
-    from pydantic import ValidationError
-
     from matcher.domain.waits import WaitSpec
     from matcher.store.waits import register_wait
 
@@ -409,13 +691,26 @@ def waits_add(
             external_job_id=job_id,
         )
     except ValidationError as exc:
-        _fail([f"matcher: {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()], 2)
-    with _connect(_settings()) as conn:
+        options = {
+            "run_id": "--run",
+            "event_types": "--type",
+            "correlation_id": "--correlation",
+            "external_job_id": "--job-id",
+        }
+        _fail(_validation_lines(exc, options), EXIT_USAGE)
+    with _connect(_settings(kafka=False)) as conn:
         wait = register_wait(conn, spec)
     if as_json:
-        _print_json(wait.model_dump(mode="json"))
+        _print_json(wait)
     else:
-        out.print(f"wait {wait.id} {wait.state.value}")
+        print(f"wait {wait.id} {wait.state.value}")
+
+
+_FILTER_OPTIONS = {
+    "run_id": "--run",
+    "correlation_id": "--correlation",
+    "external_job_id": "--job-id",
+}
 
 
 @waits_app.command("list")
@@ -427,55 +722,80 @@ def waits_list(
     run: Annotated[str | None, typer.Option(help="Only this run id.")] = None,
     correlation: Annotated[str | None, typer.Option(help="Only this correlation id.")] = None,
     job_id: Annotated[str | None, typer.Option(help="Only this external job id.")] = None,
-    limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 100,
+    limit: Annotated[int, typer.Option(help="At most this many (1-1000), newest first.")] = 100,
+    offset: Annotated[int, typer.Option(help="Skip this many first.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.")] = False,
 ) -> None:
     """List waits, newest first."""
-    from matcher.store.waits import list_waits
+    from matcher.admin.filters import WaitFilters
+    from matcher.domain.waits import Wait
 
-    with _connect(_settings()) as conn:
-        waits = list_waits(
-            conn,
-            tenant=tenant,
-            state=state,
-            run_id=run,
-            correlation_id=correlation,
-            external_job_id=job_id,
-            limit=limit,
-        )
+    filters = _filters(
+        WaitFilters,
+        _FILTER_OPTIONS,
+        tenant=tenant,
+        state=state,
+        run_id=run,
+        correlation_id=correlation,
+        external_job_id=job_id,
+        limit=limit,
+        offset=offset,
+    )
+    waits = [Wait.model_validate(r) for r in _view(filters, "waits")]
     if as_json:
-        _print_json([w.model_dump(mode="json") for w in waits])
+        _print_json(waits)
         return
-    table = Table("id", "tenant", "run", "pos", "types", "correlation", "state", "created")
-    for w in waits:
-        table.add_row(
-            str(w.id),
-            w.tenant,
-            w.run_id,
-            str(w.position),
-            ",".join(w.event_types),
-            w.correlation_id,
-            w.state.value,
-            w.created_at.isoformat(timespec="seconds"),
-        )
-    out.print(table)
+    _table(
+        ("id", "tenant", "run", "pos", "types", "correlation", "state", "created"),
+        [
+            (
+                w.id,
+                w.tenant,
+                w.run_id,
+                w.position,
+                ",".join(w.event_types),
+                w.correlation_id,
+                w.state.value,
+                _when(w.created_at),
+            )
+            for w in waits
+        ],
+    )
+
+
+def _view(filters: Any, name: str) -> list[dict[str, Any]]:
+    """The page of rows of a list view (matcher/store/queries/views.sql)."""
+    from psycopg.rows import dict_row
+
+    from matcher.admin.filters import page
+    from matcher.store.sql import query
+
+    with _connect(_settings(kafka=False)) as conn, conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(query("views", name), filters.params()).fetchall()
+    items, _ = page(rows, filters)
+    return items
 
 
 @waits_app.command("cancel")
-def waits_cancel(wait_id: Annotated[str, typer.Argument(help="The wait's id.")]) -> None:
+def waits_cancel(
+    wait_id: Annotated[str, typer.Argument(help="The wait's id.")],
+    as_json: JsonFlag = False,
+) -> None:
     """Cancel a waiting wait (a resume with outcome `cancelled` is published)."""
     from matcher.store.waits import cancel_wait, get_wait
 
-    with _connect(_settings()) as conn:
-        try:
-            wait = get_wait(conn, wait_id)
-        except Exception:
-            wait = None
+    key = _uuid(wait_id, "wait")
+    with _connect(_settings(kafka=False)) as conn:
+        wait = get_wait(conn, key)
         if wait is None:
             _fail([f"matcher: no wait {wait_id}"])
         if not cancel_wait(conn, wait.id):
             _fail([f"matcher: wait {wait_id} is already {wait.state.value}"])
-    out.print(f"wait {wait_id} cancelled")
+        cancelled = get_wait(conn, wait.id)
+    if as_json:
+        _print_json(cancelled)
+    else:
+        print(f"wait {wait_id} cancelled")
 
 
 @events_app.command("list")
@@ -484,40 +804,43 @@ def events_list(
     correlation: Annotated[str | None, typer.Option(help="Only this correlation id.")] = None,
     status: Annotated[str | None, typer.Option(help="pending, consumed, late or expired.")] = None,
     job_id: Annotated[str | None, typer.Option(help="Only this external job id.")] = None,
-    limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 100,
+    limit: Annotated[int, typer.Option(help="At most this many (1-1000), newest first.")] = 100,
+    offset: Annotated[int, typer.Option(help="Skip this many first.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.")] = False,
 ) -> None:
     """List stored events, newest first."""
-    from psycopg.rows import dict_row
+    from matcher.admin.filters import EventFilters
 
-    from matcher.store.sql import query
-
-    params = {
-        "tenant": tenant,
-        "correlation_id": correlation,
-        "status": status,
-        "external_job_id": job_id,
-        "limit": limit,
-        "offset": 0,
-    }
-    with _connect(_settings()) as conn, conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(query("views", "events"), params).fetchall()
+    filters = _filters(
+        EventFilters,
+        _FILTER_OPTIONS,
+        tenant=tenant,
+        correlation_id=correlation,
+        status=status,
+        external_job_id=job_id,
+        limit=limit,
+        offset=offset,
+    )
+    rows = _view(filters, "events")
     if as_json:
         _print_json(rows)
         return
-    table = Table("source", "id", "tenant", "type", "correlation", "status", "received", "at")
-    for r in rows:
-        table.add_row(
-            r["producer"],
-            r["event_id"],
-            r["tenant"],
-            r["type"],
-            r["correlation_id"],
-            r["status"],
-            r["received_at"].isoformat(timespec="seconds"),
-            f"{r['kafka_partition']}@{r['kafka_offset']}",
-        )
-    out.print(table)
+    _table(
+        ("source", "id", "tenant", "type", "correlation", "status", "received", "at"),
+        [
+            (
+                r["producer"],
+                r["event_id"],
+                r["tenant"],
+                r["type"],
+                r["correlation_id"],
+                r["status"],
+                _when(r["received_at"]),
+                f"{r['kafka_partition']}@{r['kafka_offset']}",
+            )
+            for r in rows
+        ],
+    )
 
 
 @resumes_app.command("tail")
@@ -526,15 +849,19 @@ def resumes_tail(
         bool, typer.Option(help="Start at the oldest resume, not at the newest.")
     ] = False,
     max_count: Annotated[
-        int | None, typer.Option("--max", help="Stop after this many resumes.")
+        int | None, typer.Option("--max", min=1, help="Stop after this many resumes.")
     ] = None,
-    timeout: Annotated[float | None, typer.Option(help="Stop after this many seconds.")] = None,
+    timeout: Annotated[
+        float | None, typer.Option(min=0, help="Stop after this many seconds.")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
 ) -> None:
-    """Print resumes as they are published: one line each (the resume's data)."""
+    """Print resumes as they are published: one line each (the resume's data). Needs
+    Kafka only."""
     from matcher.kafka.resumes import tail
 
-    settings = _settings()
+    settings = _settings(postgres=False)
+    _quiet_clients()
 
     def show(data: dict[str, Any]) -> None:
         if as_json:
@@ -572,21 +899,19 @@ def emit(
         str | None,
         typer.Option(help="Signing key: a whsec_/whsk_ line or a [keys] table. Default: unsigned."),
     ] = None,
+    as_json: JsonFlag = False,
 ) -> None:
     """Publish one completion event by hand (a CloudEvent on the events topic), signed
-    with --key-file as the producer SDK signs."""
-    import uuid
-
-    from pydantic import ValidationError
-
+    with --key-file as the producer SDK signs. Needs Kafka only."""
     from matcher.domain.events import CompletionEvent
     from matcher.kafka.resumes import publish_event
 
-    settings = _settings()
+    settings = _settings(postgres=False)
+    _quiet_clients()
     try:
         payload = json.loads(data) if data is not None else None
     except ValueError as exc:
-        _fail([f"matcher: --data is not JSON: {exc}"], code=2)
+        _fail([f"matcher: --data is not JSON: {exc}"], code=EXIT_USAGE)
     try:
         event = CompletionEvent(
             id=event_id or str(uuid.uuid4()),
@@ -598,7 +923,8 @@ def emit(
             data=payload,
         )
     except ValidationError as exc:
-        _fail([f"matcher: {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()], 2)
+        options = {"correlationid": "--correlation", "jobid": "--job-id", "data": "--data"}
+        _fail(_validation_lines(exc, options), EXIT_USAGE)
     signing_key = None
     if key_file is not None:
         from matcher_producer.cli import load_key
@@ -606,9 +932,25 @@ def emit(
         try:
             signing_key = load_key(key_id, key_file)
         except (ValueError, OSError) as exc:
-            _fail([f"matcher: --key-file: {exc}"], code=2)
-    asyncio.run(publish_event(settings, event, structured=structured, signing_key=signing_key))
-    out.print(f"emitted {event.source}/{event.id} to {settings.events_topic}")
+            _fail([f"matcher: --key-file: {_one_line(exc)}"], code=EXIT_USAGE)
+    partition, offset = asyncio.run(
+        publish_event(settings, event, structured=structured, signing_key=signing_key)
+    )
+    if as_json:
+        _print_json(
+            {
+                "source": event.source,
+                "id": event.id,
+                "topic": settings.events_topic,
+                "partition": partition,
+                "offset": offset,
+            }
+        )
+    else:
+        print(
+            f"emitted {event.source}/{event.id} to {settings.events_topic} "
+            f"(partition {partition}, offset {offset})"
+        )
 
 
 @quarantine_app.command("list")
@@ -617,33 +959,41 @@ def quarantine_list(
         str | None, typer.Option(help="Only this reason code (e.g. bad_signature).")
     ] = None,
     correlation: Annotated[str | None, typer.Option(help="Only this correlation id.")] = None,
-    limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 100,
+    limit: Annotated[int, typer.Option(help="At most this many (1-1000), newest first.")] = 100,
+    offset: Annotated[int, typer.Option(help="Skip this many first.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.")] = False,
 ) -> None:
     """List quarantined records, newest first, with the reason each was refused."""
-    from psycopg.rows import dict_row
+    from matcher.admin.filters import QuarantineFilters
 
-    from matcher.store.sql import query
-
-    params = {"reason": reason, "correlation_id": correlation, "limit": limit, "offset": 0}
-    with _connect(_settings()) as conn, conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(query("views", "quarantine"), params).fetchall()
+    filters = _filters(
+        QuarantineFilters,
+        _FILTER_OPTIONS,
+        reason=reason,
+        correlation_id=correlation,
+        limit=limit,
+        offset=offset,
+    )
+    rows = _view(filters, "quarantine")
     if as_json:
         _print_json(rows)
         return
-    table = Table("id", "received", "at", "reason", "source", "event", "tenant", "detail")
-    for r in rows:
-        table.add_row(
-            str(r["id"]),
-            r["received_at"].isoformat(timespec="seconds"),
-            f"{r['kafka_partition']}@{r['kafka_offset']}",
-            r["reason"] + (f" (replayed: {r['replay_result']})" if r["replayed_at"] else ""),
-            r["producer"] or "-",
-            r["event_id"] or "-",
-            r["tenant"] or "-",
-            r["detail"] or "",
-        )
-    out.print(table)
+    _table(
+        ("id", "received", "at", "reason", "source", "event", "tenant", "detail"),
+        [
+            (
+                r["id"],
+                _when(r["received_at"]),
+                f"{r['kafka_partition']}@{r['kafka_offset']}",
+                r["reason"] + (f" (replayed: {r['replay_result']})" if r["replayed_at"] else ""),
+                r["producer"] or "-",
+                r["event_id"] or "-",
+                r["tenant"] or "-",
+                r["detail"] or "",
+            )
+            for r in rows
+        ],
+    )
 
 
 @quarantine_app.command("replay")
@@ -654,25 +1004,28 @@ def quarantine_replay(
     reason: Annotated[
         str | None, typer.Option(help="Replay every unreplayed record with this reason.")
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Judge quarantined records again with the current producers file and limits; those
     that pass are stored and matched like any other event (duplicates still recognised).
     A record is judged as of when it first arrived (signature timestamps included)."""
+    from matcher.admin.filters import QuarantineFilters
     from matcher.auth.gate import judge as gate_judge
     from matcher.auth.record import RawRecord
     from matcher.auth.registry import Registry, RegistryError, load_registry
     from matcher.store.replay import replay
 
     if (record_id is None) == (reason is None):
-        _fail(["matcher: give a quarantine ID or --reason, not both"], code=2)
-    settings = _settings()
+        _fail(["matcher: give a quarantine ID or --reason, not both"], code=EXIT_USAGE)
+    if reason is not None:
+        _filters(QuarantineFilters, {}, reason=reason)
+    settings = _settings(kafka=False)
     if settings.producers_file is None and not settings.allow_unsigned:
-        _fail(["matcher: MATCHER_PRODUCERS_FILE is not set: nothing to judge against"], code=2)
+        _fail(["matcher: MATCHER_PRODUCERS_FILE is not set: nothing to judge against"], EXIT_USAGE)
     try:
         registry = load_registry(settings.producers_file) if settings.producers_file else Registry()
     except RegistryError as exc:
-        _fail([f"matcher: {exc}"], code=2)
+        _fail([f"matcher: {_one_line(exc)}"], code=EXIT_USAGE)
     policy = settings.policy()
 
     def judge(record: RawRecord) -> Any:
@@ -698,8 +1051,107 @@ def quarantine_replay(
         _fail([f"matcher: no unreplayed quarantine record {record_id}"])
 
 
-def main() -> None:
+# The command tree, with the environment variable of every option set by one rule.
+
+
+def _envvar_name(path: Sequence[str], option: TyperOption) -> str:
+    longest = max(option.opts, key=len).lstrip("-")
+    return "_".join(["MATCHER", *path, longest]).upper().replace("-", "_")
+
+
+def _name_envvars(command: click.Command, path: list[str]) -> None:
+    for param in command.params:
+        if not isinstance(param, TyperOption) or param.name in ("help", "version"):
+            continue
+        if param.envvar is None:
+            param.envvar = _envvar_name(path, param)
+        param.show_envvar = True
+    if isinstance(command, TyperGroup):
+        for name, sub in command.commands.items():
+            _name_envvars(sub, [*path, name])
+
+
+@functools.cache
+def command() -> click.Command:
+    """The ``matcher`` command (click), every option's environment variable named."""
+    built = typer.main.get_command(app)
+    _name_envvars(built, [])
+    return built
+
+
+def _kafka_error(exc: BaseException) -> int | None:
+    """The exit code for an aiokafka error, or None when ``exc`` is not one."""
+    from aiokafka import errors
+
+    if isinstance(
+        exc,
+        errors.KafkaConnectionError
+        | errors.KafkaTimeoutError
+        | errors.NoBrokersAvailable
+        | errors.RequestTimedOutError
+        | errors.NodeNotReadyError,
+    ):
+        return EXIT_UNREACHABLE
+    if isinstance(exc, errors.KafkaError):
+        return EXIT_FAILED
+    return None
+
+
+def _expected_failure(exc: BaseException) -> tuple[str, int] | None:
+    """The one line and the exit code for an expected failure, or None (a bug: the
+    traceback is worth having)."""
+    import psycopg
+
+    from matcher.kafka.resumes import MissingTopic
+
+    not_migrated = (
+        psycopg.errors.UndefinedTable,
+        psycopg.errors.UndefinedColumn,
+        psycopg.errors.UndefinedFunction,
+        psycopg.errors.InvalidSchemaName,
+    )
+    if isinstance(exc, not_migrated):
+        return (
+            f"matcher: the database has no matcher schema, or an older one than this "
+            f"matcher ({_one_line(exc.diag.message_primary or exc)}): run `matcher migrate`",
+            EXIT_NOT_MIGRATED,
+        )
+    if isinstance(exc, psycopg.OperationalError):
+        # No SQLSTATE: the client's side (connecting, the connection lost).
+        what = "cannot reach Postgres" if exc.sqlstate is None else "Postgres"
+        return f"matcher: {what}: {_one_line(exc)}", EXIT_UNREACHABLE
+    if isinstance(exc, MissingTopic):
+        return f"matcher: {exc}: run `matcher migrate`", EXIT_NOT_MIGRATED
+    code = _kafka_error(exc)
+    if code is not None:
+        return f"matcher: Kafka: {_one_line(exc) or type(exc).__name__}", code
+    if isinstance(exc, ConnectionError | TimeoutError):
+        what = _one_line(exc) or type(exc).__name__
+        return f"matcher: a service did not answer: {what}", EXIT_UNREACHABLE
+    return None
+
+
+def main(args: Sequence[str] | None = None) -> None:
     try:
-        app()
+        code = command().main(args, prog_name="matcher", standalone_mode=False)
+    except click_errors.NoArgsIsHelpError as exc:
+        exc.show()
+        code = EXIT_USAGE
+    except click_errors.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx is not None else "matcher"
+        print(f"{where}: {_one_line(exc.format_message())} (see --help)", file=sys.stderr)
+        code = EXIT_USAGE
+    except click_errors.ClickException as exc:
+        print(f"matcher: {_one_line(exc.format_message())}", file=sys.stderr)
+        code = exc.exit_code
+    except typer.Abort:
+        code = EXIT_INTERRUPTED
     except KeyboardInterrupt:
-        sys.exit(130)
+        code = EXIT_INTERRUPTED
+    except Exception as exc:
+        found = _expected_failure(exc)
+        if found is None:
+            raise
+        line, code = found
+        print(line, file=sys.stderr)
+    sys.exit(code if isinstance(code, int) else EXIT_OK)

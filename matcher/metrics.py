@@ -7,9 +7,15 @@ the whole system, so every daemon reports the same value: aggregate them with ``
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+import platform
 
+from prometheus_client import Counter, Gauge, Histogram, Info
+
+from matcher import __version__
 from matcher.domain.events import REASONS
+
+BUILD_INFO = Info("matcher_build", "The matcher version this process runs (value 1).")
+BUILD_INFO.info({"version": __version__, "python": platform.python_version()})
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
@@ -74,6 +80,13 @@ REGISTRY_RELOADS = Counter(
     "Reloads of the producers file, by result.",
     ["result"],  # ok, failed
 )
+for _result in ("ok", "failed"):
+    REGISTRY_RELOADS.labels(_result)
+REGISTRY_RELOAD_FAILING = Gauge(
+    "matcher_producer_registry_reload_failing",
+    "1 while the last reload of the producers file failed (the last good registry stays in "
+    "force, so changes to the file are not), else 0.",
+)
 
 # From the database, for the whole system.
 WAITS_ACTIVE = Gauge("matcher_waits_active", "Waits in state waiting.")
@@ -85,6 +98,12 @@ INBOX_OLDEST_PENDING_AGE = Gauge(
 MISMATCHES = Gauge(
     "matcher_inbox_mismatched_events",
     "Pending events with a near-miss wait: same correlation id, other tenant or type.",
+)
+MISMATCHED_EVENTS = Counter(
+    "matcher_mismatched_events",
+    "Events stored next to a near-miss wait (same correlation id, other tenant or type, "
+    "still pending when counted, a minute after arrival), counted from the database for "
+    "the whole system: aggregate with max, like the gauges.",
 )
 OUTBOX_PENDING = Gauge("matcher_outbox_pending", "Resolutions whose resume is not yet published.")
 OUTBOX_OLDEST_AGE = Gauge(

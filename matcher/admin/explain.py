@@ -3,25 +3,49 @@
 from __future__ import annotations
 
 import dataclasses
+from datetime import datetime
+from enum import Enum
 from typing import Any
+from uuid import UUID
 
 import psycopg
 
 from matcher.config import Settings
-from matcher.domain.explain import Explanation, explain
-from matcher.kafka.lag import group_lag, partition_for
+from matcher.domain.explain import Explanation, explain, rfc3339
+from matcher.kafka.lag import group_lag, key_partitions
 from matcher.store.explain import gather
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as JSON types, every timestamp in the one output format (RFC 3339, UTC,
+    ``Z``: matcher.domain.explain.rfc3339), UUIDs and enums as their strings."""
+    if isinstance(value, datetime):
+        return rfc3339(value)
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, UUID):
+        return str(value)
+    if isinstance(value, Enum):
+        return jsonable(value.value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).hex()
+    return value
 
 
 def explanation_body(run_id: str, explanation: Explanation) -> dict[str, Any]:
     """The JSON answer of ``matcher explain --json`` and of the HTTP endpoint."""
-    return {
-        "run_id": run_id,
-        "tenant": explanation.evidence["wait"]["tenant"],
-        "verdict": explanation.verdict,
-        "reasons": explanation.reasons,
-        "evidence": explanation.evidence,
-    }
+    body: dict[str, Any] = jsonable(
+        {
+            "run_id": run_id,
+            "tenant": explanation.evidence["wait"]["tenant"],
+            "verdict": explanation.verdict,
+            "reasons": explanation.reasons,
+            "evidence": explanation.evidence,
+        }
+    )
+    return body
 
 
 async def explain_run(
@@ -32,14 +56,23 @@ async def explain_run(
     lag: dict[int, int] | None = None,
     ask_kafka: bool = True,
 ) -> Explanation:
-    """Raises ``UnknownRun`` or ``AmbiguousRun`` (from matcher.store.explain)."""
+    """Raises ``UnknownRun`` or ``AmbiguousRun`` (from matcher.store.explain).
+
+    Kafka is asked for the group's lag only when the wait still waits and Kafka is
+    configured (an empty ``kafka_bootstrap_servers``: the CLI without Kafka settings)."""
     facts = await gather(conn, run_id, tenant)
     wait = facts.wait
+    unknown_because = "Kafka could not be asked"
     if lag is None and ask_kafka and wait.state == "waiting":
-        lag = await group_lag(
-            settings.kafka_client_options(), settings.consumer_group, settings.events_topic
+        if settings.kafka_bootstrap_servers:
+            lag = await group_lag(
+                settings.kafka_client_options(), settings.consumer_group, settings.events_topic
+            )
+        else:
+            unknown_because = "Kafka is not configured (MATCHER_KAFKA_BOOTSTRAP_SERVERS)"
+    partitions = key_partitions(wait.tenant, wait.correlation_id, len(lag)) if lag else {}
+    return explain(
+        dataclasses.replace(
+            facts, partitions=partitions, lag=lag, lag_unknown_because=unknown_because
         )
-    partition = None
-    if lag:
-        partition = partition_for(wait.tenant, wait.correlation_id, len(lag))
-    return explain(dataclasses.replace(facts, partition=partition, lag=lag))
+    )

@@ -6,7 +6,7 @@
 import hmac
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 from uuid import UUID
 
@@ -21,6 +21,13 @@ from pydantic import BaseModel
 
 from matcher import __version__
 from matcher.admin.explain import explain_run, explanation_body
+from matcher.admin.filters import (
+    IDENT_PATTERN,
+    EventFilters,
+    QuarantineFilters,
+    WaitFilters,
+    page,
+)
 from matcher.config import Settings
 from matcher.domain.explain import Verdict
 from matcher.domain.waits import Wait
@@ -111,16 +118,10 @@ class Problem(BaseModel):
     detail: str
 
 
-Limit = Annotated[int, Query(ge=1, le=1000, description="Page size.")]
-# Identifiers as stored: bounded, and never NUL (which Postgres text cannot hold).
-_IDENT_PATTERN = "^[^\\x00]*$"
-Ident = Annotated[str | None, Query(max_length=512, pattern=_IDENT_PATTERN)]
-Offset = Annotated[int, Query(ge=0, le=1_000_000, description="Items to skip.")]
-
-
-def _page(rows: list[Any], limit: int, offset: int) -> tuple[list[Any], int | None]:
-    # One row more than asked tells whether another page exists.
-    return rows[:limit], (offset + limit if len(rows) > limit else None)
+def _in_utc(row: dict[str, Any]) -> dict[str, Any]:
+    # Every timestamp is served as RFC 3339 in UTC ("...Z"), whatever the session's
+    # TimeZone: pydantic writes an aware datetime with its own offset.
+    return {k: v.astimezone(UTC) if isinstance(v, datetime) else v for k, v in row.items()}
 
 
 def create_app(state: AdminState) -> FastAPI:
@@ -155,7 +156,7 @@ def create_app(state: AdminState) -> FastAPI:
     async def rows(name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         async with state.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(query("views", name), params)
-            return await cur.fetchall()
+            return [_in_utc(row) for row in await cur.fetchall()]
 
     @app.get("/healthz", response_model=Health, tags=["operations"])
     async def healthz() -> Health:
@@ -199,12 +200,12 @@ def create_app(state: AdminState) -> FastAPI:
         tags=["inspect"],
     )
     async def explain_endpoint(
-        run_id: Annotated[str, Path(max_length=512, pattern=_IDENT_PATTERN)],
+        run_id: Annotated[str, Path(max_length=512, pattern=IDENT_PATTERN)],
         tenant: Annotated[
             str | None,
             Query(
                 max_length=512,
-                pattern=_IDENT_PATTERN,
+                pattern=IDENT_PATTERN,
                 description="Needed when run ids repeat across tenants.",
             ),
         ] = None,
@@ -222,57 +223,17 @@ def create_app(state: AdminState) -> FastAPI:
     @app.get(
         "/v1/waits", response_model=WaitsPage, dependencies=v1, responses=errors, tags=["inspect"]
     )
-    async def list_waits(
-        tenant: Ident = None,
-        state_: Annotated[
-            str | None, Query(alias="state", pattern="^(waiting|matched|timed_out|cancelled)$")
-        ] = None,
-        run_id: Ident = None,
-        correlation_id: Ident = None,
-        external_job_id: Ident = None,
-        limit: Limit = 100,
-        offset: Offset = 0,
-    ) -> WaitsPage:
+    async def list_waits(filters: Annotated[WaitFilters, Query()]) -> WaitsPage:
         """Waits, newest first."""
-        found = await rows(
-            "waits",
-            {
-                "tenant": tenant,
-                "state": state_,
-                "run_id": run_id,
-                "correlation_id": correlation_id,
-                "external_job_id": external_job_id,
-                "limit": limit + 1,
-                "offset": offset,
-            },
-        )
-        items, next_offset = _page(found, limit, offset)
+        items, next_offset = page(await rows("waits", filters.params()), filters)
         return WaitsPage(items=[Wait.model_validate(r) for r in items], next_offset=next_offset)
 
     @app.get(
         "/v1/events", response_model=EventsPage, dependencies=v1, responses=errors, tags=["inspect"]
     )
-    async def list_events(
-        tenant: Ident = None,
-        correlation_id: Ident = None,
-        status: Annotated[str | None, Query(pattern="^(pending|consumed|late|expired)$")] = None,
-        external_job_id: Ident = None,
-        limit: Limit = 100,
-        offset: Offset = 0,
-    ) -> EventsPage:
+    async def list_events(filters: Annotated[EventFilters, Query()]) -> EventsPage:
         """Stored events, newest first."""
-        found = await rows(
-            "events",
-            {
-                "tenant": tenant,
-                "correlation_id": correlation_id,
-                "status": status,
-                "external_job_id": external_job_id,
-                "limit": limit + 1,
-                "offset": offset,
-            },
-        )
-        items, next_offset = _page(found, limit, offset)
+        items, next_offset = page(await rows("events", filters.params()), filters)
         return EventsPage(items=[Event.model_validate(r) for r in items], next_offset=next_offset)
 
     @app.get(
@@ -282,23 +243,9 @@ def create_app(state: AdminState) -> FastAPI:
         responses=errors,
         tags=["inspect"],
     )
-    async def list_quarantine(
-        reason: Ident = None,
-        correlation_id: Ident = None,
-        limit: Limit = 100,
-        offset: Offset = 0,
-    ) -> QuarantinePage:
+    async def list_quarantine(filters: Annotated[QuarantineFilters, Query()]) -> QuarantinePage:
         """Quarantined records, newest first (raw bytes are not served here)."""
-        found = await rows(
-            "quarantine",
-            {
-                "reason": reason,
-                "correlation_id": correlation_id,
-                "limit": limit + 1,
-                "offset": offset,
-            },
-        )
-        items, next_offset = _page(found, limit, offset)
+        items, next_offset = page(await rows("quarantine", filters.params()), filters)
         return QuarantinePage(
             items=[QuarantineRecord.model_validate(r) for r in items], next_offset=next_offset
         )
@@ -306,5 +253,12 @@ def create_app(state: AdminState) -> FastAPI:
     @app.exception_handler(psycopg.OperationalError)
     async def database_unavailable(request: Request, exc: psycopg.OperationalError) -> JSONResponse:
         return JSONResponse({"detail": "the database is unavailable"}, status_code=503)
+
+    @app.exception_handler(psycopg.errors.UndefinedTable)
+    async def schema_missing(request: Request, exc: psycopg.errors.UndefinedTable) -> JSONResponse:
+        return JSONResponse(
+            {"detail": "the database has no matcher schema: run `matcher migrate`"},
+            status_code=503,
+        )
 
     return app

@@ -1,7 +1,8 @@
 """Keeps the producer registry current: reload on SIGHUP or when the file changes.
 
-A broken file never replaces a good registry: the error is logged and the last good one
-stays in force until the file is fixed.
+A broken file never replaces a good registry: the error is logged, the last good one stays
+in force until the file is fixed, and ``matcher_producer_registry_reload_failing`` is 1
+meanwhile (the MatcherProducerRegistryReloadFailing alert).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from matcher.auth.registry import Registry, RegistryError, load_registry
 from matcher.config import Settings
-from matcher.metrics import REGISTRY_RELOADS
+from matcher.metrics import REGISTRY_RELOAD_FAILING, REGISTRY_RELOADS
 
 log = logging.getLogger("matcher.registry")
 
@@ -54,6 +55,7 @@ class RegistryHolder:
             registry = load_registry(self._path)
         except RegistryError as exc:
             REGISTRY_RELOADS.labels("failed").inc()
+            REGISTRY_RELOAD_FAILING.set(1)
             log.error(
                 "producer registry not reloaded; the last good one stays in force",
                 extra={"file": str(self._path), "why": why, "error": str(exc)},
@@ -62,6 +64,7 @@ class RegistryHolder:
         self.current = registry
         self.reloads += 1
         REGISTRY_RELOADS.labels("ok").inc()
+        REGISTRY_RELOAD_FAILING.set(0)
         log.info(
             "producer registry reloaded",
             extra={"file": str(self._path), "why": why, "producers": len(registry.producers)},

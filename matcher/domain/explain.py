@@ -6,7 +6,8 @@ late events that lost the race. For a waiting one, in order of precedence:
 - ``backlog``: the sweeper is behind (the deadline passed, the wait still waits);
 - ``mismatch``: events with this correlation id exist but differ (tenant, type), or were
   refused (producer not allowed for the tenant, signature, schema, ...);
-- ``backlog``: events are not read yet (consumer lag on this wait's partition);
+- ``backlog``: events are not read yet (consumer lag on a partition this wait's key can be
+  on: where murmur2, CRC32 or FNV-1a puts it, the partitioners of the common clients);
 - ``missing_signal``: nothing with this correlation id anywhere;
 - ``waiting``: related events exist but all are accounted for (another wait took them),
   nothing is wrong, and the wait is within its deadline.
@@ -18,13 +19,31 @@ both.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
 # A resume older than this without being published is worth mentioning.
 UNPUBLISHED_GRACE_S = 5.0
+
+# The partitioners of the common Kafka clients, by what they hash a record's key with: an
+# event keyed as matcher's producers key it (tenant, U+001F, correlation id) is on the
+# partition one of these picks, whichever client sent it.
+PARTITIONERS: dict[str, str] = {
+    "murmur2": "murmur2 (the Java client's default; aiokafka's, kafka-python's, KafkaJS's)",
+    "crc32": "CRC32 (librdkafka's default: confluent-kafka for Python, Go and .NET; kcat)",
+    "fnv1a": "FNV-1a (Go Sarama's default)",
+}
+
+
+def rfc3339(moment: datetime, *, seconds: bool = False) -> str:
+    """The one timestamp format of matcher's outputs (CLI, admin API, explain's reasons):
+    RFC 3339 in UTC with a ``Z``, microseconds when there are any (as pydantic writes it),
+    or whole seconds with ``seconds`` (tables)."""
+    utc = moment.astimezone(UTC)
+    spec = "seconds" if seconds or not utc.microsecond else "microseconds"
+    return utc.replace(tzinfo=None).isoformat(timespec=spec) + "Z"
 
 
 class Verdict(StrEnum):
@@ -100,8 +119,12 @@ class ExplainFacts:
     events: list[EventFacts] = field(default_factory=list)  # same correlation id, any tenant
     quarantined: list[QuarantineFacts] = field(default_factory=list)
     outbox: OutboxFacts | None = None
-    partition: int | None = None  # where this wait's events land
+    # Where this wait's events land, by partitioner (a key of PARTITIONERS); empty when the
+    # partition count is unknown.
+    partitions: dict[str, int] = field(default_factory=dict)
     lag: dict[int, int] | None = None  # per partition; None: Kafka could not be asked
+    # Why ``lag`` is None, for the reasons.
+    lag_unknown_because: str = "Kafka could not be asked"
     # Since when the wait's key waits for the rematch pass; None: it does not.
     rematch_queued_since: datetime | None = None
 
@@ -157,6 +180,10 @@ _QUARANTINE_WORDS = {
     "too_large": "it was too large",
     "undecodable": "the Kafka client could not decode it",
 }
+
+
+def _when(moment: datetime | None) -> str:
+    return "-" if moment is None else rfc3339(moment)
 
 
 def _age(now: datetime, then: datetime) -> float:
@@ -241,16 +268,29 @@ def explain(facts: ExplainFacts) -> Explanation:
         verdicts.append(Verdict.MISMATCH)
 
     if facts.lag is None:
-        reasons.append("consumer lag unknown: Kafka could not be asked")
+        reasons.append(f"consumer lag unknown: {facts.lag_unknown_because}")
     else:
         evidence["consumer_lag"] = {str(p): n for p, n in sorted(facts.lag.items())}
-        if facts.partition is not None:
-            evidence["partition"] = facts.partition
-            behind = facts.lag.get(facts.partition, 0)
+    if facts.partitions:
+        by_partition: dict[int, list[str]] = {}
+        for partitioner, partition in facts.partitions.items():
+            by_partition.setdefault(partition, []).append(partitioner)
+        evidence["key_partitions"] = [
+            {
+                "partition": partition,
+                "partitioners": names,
+                "lag": None if facts.lag is None else facts.lag.get(partition, 0),
+            }
+            for partition, names in sorted(by_partition.items())
+        ]
+        for partition, names in sorted(by_partition.items()):
+            behind = 0 if facts.lag is None else facts.lag.get(partition, 0)
             if behind > 0:
+                which = " and ".join(PARTITIONERS.get(n, n) for n in names)
+                verb = "puts" if len(names) == 1 else "put"
                 reasons.append(
-                    f"consumer lag on partition {facts.partition} (this correlation id's "
-                    f"partition): {behind} message(s) not yet read"
+                    f"consumer lag on partition {partition}, where {which} {verb} this "
+                    f"wait's key: {behind} message(s) not yet read"
                 )
                 verdicts.append(Verdict.BACKLOG)
 
@@ -262,7 +302,7 @@ def explain(facts: ExplainFacts) -> Explanation:
         evidence["related_events"] = [_event(e) for e in related]
     if not verdicts:
         within = (
-            f"within its deadline ({wait.deadline.isoformat()})" if wait.deadline else "no deadline"
+            f"within its deadline ({rfc3339(wait.deadline)})" if wait.deadline else "no deadline"
         )
         reasons.append(f"waiting, {within}; nothing is wrong")
         verdicts.append(Verdict.WAITING)
@@ -285,7 +325,7 @@ def _resolved(facts: ExplainFacts, evidence: dict[str, Any], late: list[EventFac
         )
         where = (
             f" (partition {winner.kafka_partition}, offset {winner.kafka_offset}, received "
-            f"{winner.received_at.isoformat()})"
+            f"{rfc3339(winner.received_at)})"
             if winner
             else ""
         )
@@ -299,13 +339,13 @@ def _resolved(facts: ExplainFacts, evidence: dict[str, Any], late: list[EventFac
         )
     elif wait.state == "timed_out":
         verdict = Verdict.TIMED_OUT
-        reasons.append(f"timed out at {wait.resolved_at} (deadline {wait.deadline})")
+        reasons.append(f"timed out at {_when(wait.resolved_at)} (deadline {_when(wait.deadline)})")
     else:
         verdict = Verdict.CANCELLED
-        reasons.append(f"cancelled at {wait.resolved_at}")
+        reasons.append(f"cancelled at {_when(wait.resolved_at)}")
     for e in late:
         reasons.append(
-            f"event {e.producer}/{e.event_id} came late ({e.received_at.isoformat()}) and was "
+            f"event {e.producer}/{e.event_id} came late ({rfc3339(e.received_at)}) and was "
             "kept for investigation"
         )
     if facts.outbox is not None:

@@ -1,4 +1,8 @@
-"""Small Kafka clients for the CLI: publish one event, tail the resume topic."""
+"""Small Kafka clients for the CLI: publish one event, tail the resume topic.
+
+A client that fails to start is stopped all the same (no "Unclosed" warnings), and a topic
+that does not exist is said so (``MissingTopic``) instead of waiting out a timeout.
+"""
 
 from __future__ import annotations
 
@@ -16,14 +20,23 @@ from matcher.config import Settings
 from matcher.domain.events import CompletionEvent
 
 
+class MissingTopic(LookupError):
+    """The topic does not exist (``matcher migrate`` creates it)."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(f"topic {topic} does not exist")
+        self.topic = topic
+
+
 async def publish_event(
     settings: Settings,
     event: CompletionEvent,
     *,
     structured: bool,
     signing_key: SigningKey | None,
-) -> None:
-    """Encode, sign and send one event as the producer SDK does (the same code)."""
+) -> tuple[int, int]:
+    """Encode, sign and send one event as the producer SDK does (the same code); return
+    the (partition, offset) it was written at."""
     record = encode(
         ProducerEvent(
             source=event.source,
@@ -41,13 +54,17 @@ async def publish_event(
     producer = AIOKafkaProducer(
         **settings.kafka_client_options(), enable_idempotence=True, acks="all"
     )
-    await producer.start()
     try:
-        await producer.send_and_wait(
+        await producer.start()
+        metadata = await producer.client.fetch_all_metadata()
+        if settings.events_topic not in metadata.topics():
+            raise MissingTopic(settings.events_topic)
+        sent = await producer.send_and_wait(
             settings.events_topic, record.value, key=record.key, headers=record.headers
         )
     finally:
         await producer.stop()
+    return sent.partition, sent.offset
 
 
 async def tail(
@@ -61,9 +78,9 @@ async def tail(
     consumer = AIOKafkaConsumer(
         **settings.kafka_client_options(), group_id=None, enable_auto_commit=False
     )
-    await consumer.start()
     shown = 0
     try:
+        await consumer.start()
         partitions = await _partitions(settings, settings.resume_topic)
         consumer.assign(partitions)
         if from_beginning:
@@ -96,12 +113,12 @@ async def tail(
 
 async def _partitions(settings: Settings, topic: str) -> list[TopicPartition]:
     admin = AIOKafkaAdminClient(**settings.kafka_client_options())
-    await admin.start()
     try:
+        await admin.start()
         described = await admin.describe_topics([topic])
     finally:
         await admin.close()
     numbers = sorted(p["partition"] for d in described for p in d.get("partitions", []))
     if not numbers:
-        raise RuntimeError(f"topic {topic} not found: run `matcher migrate`")
+        raise MissingTopic(topic)
     return [TopicPartition(topic, n) for n in numbers]

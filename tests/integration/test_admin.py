@@ -18,6 +18,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
+from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from matcher.config import Settings
@@ -27,7 +28,16 @@ from matcher.kafka.lag import group_lag
 from matcher.kafka.topics import ensure_topics
 from matcher.sdk import cancel_wait, register_wait
 from tests.conftest import Services, _create_db, _drop_db, with_database
-from tests.helpers import DaemonProcess, event, eventually, process_env, produce, produce_raw
+from tests.helpers import (
+    DaemonProcess,
+    event,
+    eventually,
+    process_env,
+    produce,
+    produce_raw,
+    running_daemon,
+    scalar,
+)
 
 TOKEN = "admin-token-for-tests"
 
@@ -280,3 +290,80 @@ async def test_gauges_see_a_backlog_and_the_daemon_drains_it(
         await eventually(drained, timeout=30)
     finally:
         assert daemon.terminate() == 0, daemon.output
+
+
+def test_filters_are_refused_as_the_cli_refuses_them(admin: Admin) -> None:
+    """One filter model (matcher.admin.filters) for the API and the CLI: the same values
+    are refused by both (the CLI side: tests/integration/test_cli.py)."""
+    with httpx.Client(base_url=admin.url, headers=AUTH) as http:
+        for path, params in (
+            ("/v1/waits", {"limit": -5}),
+            ("/v1/waits", {"limit": 5000}),
+            ("/v1/waits", {"state": "bogus"}),
+            ("/v1/events", {"status": "bogus"}),
+            ("/v1/quarantine", {"reason": "bogus"}),
+        ):
+            refused = http.get(path, params=params)
+            assert refused.status_code == 422, (path, params, refused.text)
+        assert "must be one of" in http.get("/v1/quarantine", params={"reason": "x"}).text
+        page = http.get("/v1/waits", params={"state": "waiting"}).json()
+        assert page["items"]
+        stamp = page["items"][0]["created_at"]
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{6})?Z", stamp), stamp
+
+
+def test_build_info_and_registry_reload_metrics_are_exported(admin: Admin) -> None:
+    from matcher import __version__
+
+    scraped = _scrape(admin.url)
+    [build] = [k for k in scraped if k.startswith("matcher_build_info{")]
+    assert f'version="{__version__}"' in build
+    assert scraped[build] == 1
+    assert scraped["matcher_producer_registry_reload_failing"] == 0
+    assert 'matcher_producer_registry_reloads_total{result="failed"}' in scraped
+    assert "matcher_mismatched_events_total" in scraped
+
+
+async def test_mismatched_events_are_counted_once(settings: Settings) -> None:
+    """The counter behind the dashboard's mismatch rate: an event stored next to a wait of
+    the same correlation id but another tenant or type counts once; a matched one not."""
+    from prometheus_client import REGISTRY
+
+    url = settings.database_url.get_secret_value()
+    with psycopg.connect(url, autocommit=True) as conn:
+        for correlation in ("mm-tenant", "mm-type", "mm-ok"):
+            register_wait(
+                conn,
+                WaitSpec(
+                    tenant="acme", run_id=correlation, position=0,
+                    event_types=["job.completed"], correlation_id=correlation,
+                ),
+            )  # fmt: skip
+    counter = stats.MismatchCounter(settle_s=0)
+    before = REGISTRY.get_sample_value("matcher_mismatched_events_total") or 0.0
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        async with conn.cursor(row_factory=dict_row) as cur:
+            assert await counter.tick(cur) == 0  # the first window starts now
+        async with running_daemon(settings):
+            await produce(
+                settings,
+                [
+                    event(tenant="globex", correlation="mm-tenant"),
+                    event(correlation="mm-type", type_="job.progress"),
+                    event(correlation="mm-ok"),
+                ],
+            )
+            await eventually(
+                lambda: (
+                    scalar(settings, "SELECT count(*) FROM matcher.inbox") == 3
+                    and scalar(
+                        settings, "SELECT count(*) FROM matcher.waits WHERE state = 'matched'"
+                    )
+                    == 1
+                )
+            )
+        async with conn.cursor(row_factory=dict_row) as cur:
+            assert await counter.tick(cur) == 2
+            assert await counter.tick(cur) == 0  # counted once
+    after = REGISTRY.get_sample_value("matcher_mismatched_events_total") or 0.0
+    assert after - before == 2

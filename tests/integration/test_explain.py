@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from aiokafka import AIOKafkaProducer
 from matcher_producer import CompletionEvent as ProducerEvent
 from matcher_producer import SigningKey, encode, sign_record
 
@@ -19,6 +20,7 @@ from matcher.admin.explain import explain_run
 from matcher.config import Settings
 from matcher.domain.explain import Explanation, Verdict
 from matcher.domain.waits import WaitSpec
+from matcher.kafka.lag import crc32_partition, event_key, key_partitions
 from matcher.sdk import cancel_wait, register_wait
 from tests.helpers import (
     event,
@@ -28,6 +30,7 @@ from tests.helpers import (
     produce_raw,
     read_resumes,
     rematch_all,
+    run_cli,
     running_daemon,
     scalar,
 )
@@ -187,9 +190,12 @@ async def test_backlog_while_the_daemon_is_stopped(settings: Settings) -> None:
     await produce(settings, [event(correlation="c-lag")] + [event() for _ in range(30)])
     lagging = await _explain(settings, "r-lag")
     assert lagging.verdict is Verdict.BACKLOG
-    partition = lagging.evidence["partition"]
+    # aiokafka (produce) partitions with murmur2, as the Java client does.
+    [partition] = [
+        p["partition"] for p in lagging.evidence["key_partitions"] if "murmur2" in p["partitioners"]
+    ]
     assert lagging.evidence["consumer_lag"][str(partition)] > 0
-    assert f"consumer lag on partition {partition}" in " ".join(lagging.reasons)
+    assert f"consumer lag on partition {partition}, where murmur2" in " ".join(lagging.reasons)
     unswept = await _explain(settings, "r-sweep")
     assert unswept.verdict is Verdict.BACKLOG
     assert unswept.evidence["sweeper_behind_s"] >= 3
@@ -239,3 +245,106 @@ def test_cli_explain(settings: Settings) -> None:
     unknown = cli("no-such-run")
     assert unknown.returncode == 1
     assert "no waits for run" in unknown.stderr
+
+
+def _correlation_where_partitioners_differ(tenant: str, partitions: int) -> str:
+    """A correlation id whose key CRC32 and murmur2 put on different partitions."""
+    for n in range(1000):
+        found = key_partitions(tenant, f"c-crc-{n}", partitions)
+        if found["crc32"] not in (found["murmur2"], found["fnv1a"]):
+            return f"c-crc-{n}"
+    raise AssertionError("no such correlation id")
+
+
+async def _backlog_on_the_crc32_partition(settings: Settings, send: Any) -> None:
+    """With the daemon stopped, an event placed as librdkafka places it (CRC32) is unread
+    on a partition murmur2 would not pick: explain says backlog there, not missing_signal."""
+    correlation = _correlation_where_partitioners_differ("acme", settings.topic_partitions)
+    _register(settings, "r-crc", correlation)
+    async with running_daemon(settings):
+        await asyncio.sleep(1)  # join the group once, so committed offsets exist
+    key = event_key("acme", correlation)
+    expected = crc32_partition(key, settings.topic_partitions)
+    assert await send(key, expected) == expected
+    found = await _explain(settings, "r-crc")
+    assert found.verdict is Verdict.BACKLOG, found.reasons
+    assert any(
+        r.startswith(f"consumer lag on partition {expected}, where CRC32 (librdkafka's default")
+        for r in found.reasons
+    ), found.reasons
+    crc = [p for p in found.evidence["key_partitions"] if "crc32" in p["partitioners"]]
+    assert crc == [{"partition": expected, "partitioners": ["crc32"], "lag": 1}]
+
+    # The CLI and the API give the same answer (one explanation_body).
+    cli = run_cli(settings, "explain", "r-crc", "--json")
+    assert cli.returncode == 0, cli.stderr
+    body = json.loads(cli.stdout)
+    assert body["verdict"] == "backlog"
+    assert {"partition": expected, "partitioners": ["crc32"], "lag": 1} in body["evidence"][
+        "key_partitions"
+    ]
+
+
+async def test_backlog_on_the_partition_librdkafka_picks(settings: Settings) -> None:
+    """The record goes to the CRC32 partition explicitly (zlib.crc32 of the key modulo the
+    partition count, as librdkafka's consistent_random partitioner computes it)."""
+
+    async def send(key: bytes, partition: int) -> int:
+        value = json.dumps({"ok": True}).encode()
+        headers = [
+            ("ce_specversion", b"1.0"),
+            ("ce_id", b"evt-crc"),
+            ("ce_source", b"billing"),
+            ("ce_type", b"job.completed"),
+            ("ce_tenant", b"acme"),
+            ("ce_correlationid", key.split(b"\x1f", 1)[1]),
+            ("content-type", b"application/json"),
+        ]
+        producer = AIOKafkaProducer(**settings.kafka_client_options(), acks="all")
+        await producer.start()
+        try:
+            sent = await producer.send_and_wait(
+                settings.events_topic, value, key=key, headers=headers, partition=partition
+            )
+        finally:
+            await producer.stop()
+        return int(sent.partition)
+
+    await _backlog_on_the_crc32_partition(settings, send)
+
+
+async def test_backlog_of_an_event_sent_by_confluent_kafka(settings: Settings) -> None:
+    """A record placed by librdkafka itself (confluent-kafka, default partitioner): our
+    CRC32 partition is the one it picked, and explain finds the backlog there."""
+    import confluent_kafka  # a test dependency: librdkafka partitions as its users see it
+
+    async def send(key: bytes, partition: int) -> int:
+        producer = confluent_kafka.Producer(
+            {"bootstrap.servers": settings.kafka_bootstrap_servers, "acks": "all"}
+        )
+        placed: list[int] = []
+
+        def delivered(error: Any, message: Any) -> None:
+            assert error is None, error
+            placed.append(message.partition())
+
+        producer.produce(
+            settings.events_topic,
+            value=json.dumps({"ok": True}).encode(),
+            key=key,
+            headers=[
+                ("ce_specversion", b"1.0"),
+                ("ce_id", b"evt-rdkafka"),
+                ("ce_source", b"billing"),
+                ("ce_type", b"job.completed"),
+                ("ce_tenant", b"acme"),
+                ("ce_correlationid", key.split(b"\x1f", 1)[1]),
+                ("content-type", b"application/json"),
+            ],
+            on_delivery=delivered,
+        )
+        assert await asyncio.to_thread(producer.flush, 30) == 0
+        [where] = placed
+        return int(where)
+
+    await _backlog_on_the_crc32_partition(settings, send)

@@ -236,6 +236,9 @@ to change, so a bad configuration fails at `helm install` rather than in a crash
 {{- if has $v.kafka.deadLetterTopic (list $v.kafka.eventsTopic $v.kafka.resumeTopic) }}
 {{- fail "kafka.deadLetterTopic must differ from kafka.eventsTopic and kafka.resumeTopic" }}
 {{- end }}
+{{- if and (not $v.keda.enabled) (gt (int $v.replicas) (int $v.kafka.topicPartitions)) }}
+{{- fail (printf "replicas (%d) must not exceed kafka.topicPartitions (%d): each partition is read by one daemon, so the extra daemons would sit idle" (int $v.replicas) (int $v.kafka.topicPartitions)) }}
+{{- end }}
 {{- if $v.keda.enabled }}
 {{- if gt (int $v.keda.maxReplicaCount) (int $v.kafka.topicPartitions) }}
 {{- fail (printf "keda.maxReplicaCount (%d) must not exceed kafka.topicPartitions (%d): each partition is read by one daemon, so the extra daemons would sit idle" (int $v.keda.maxReplicaCount) (int $v.kafka.topicPartitions)) }}
@@ -255,23 +258,23 @@ Secret-backed env vars, shared by the daemon and the migration Job.
 - name: MATCHER_DATABASE_URL
   valueFrom:
     secretKeyRef:
-      name: {{ index $db 0 }}
-      key: {{ index $db 1 }}
+      name: {{ first $db }}
+      key: {{ last $db }}
 {{- if include "matcher.saslEnabled" . }}
 {{- $sasl := splitList " " (include "matcher.saslSecret" .) }}
 - name: MATCHER_KAFKA_SASL_PASSWORD
   valueFrom:
     secretKeyRef:
-      name: {{ index $sasl 0 }}
-      key: {{ index $sasl 1 }}
+      name: {{ first $sasl }}
+      key: {{ last $sasl }}
 {{- end }}
 {{- with include "matcher.adminTokenSecret" . }}
 {{- $token := splitList " " . }}
 - name: MATCHER_ADMIN_TOKEN
   valueFrom:
     secretKeyRef:
-      name: {{ index $token 0 }}
-      key: {{ index $token 1 }}
+      name: {{ first $token }}
+      key: {{ last $token }}
 {{- end }}
 {{- with .Values.extraEnv }}
 {{ toYaml . }}
@@ -290,10 +293,10 @@ as directories, not subPath, so that updates to them reach running pods.
 {{- $producers := splitList " " . }}
 - name: producers
   secret:
-    secretName: {{ index $producers 0 }}
+    secretName: {{ first $producers }}
     defaultMode: 0440
     items:
-      - key: {{ index $producers 1 }}
+      - key: {{ last $producers }}
         path: producers.toml
 {{- end }}
 {{- if and (include "matcher.tlsEnabled" .) .Values.kafka.tls.existingSecret }}
