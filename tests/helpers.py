@@ -1,5 +1,13 @@
 """Shared test tools: produce events, run the daemon (in-process or as a process), read
-resumes, and poll the database with a deadline instead of sleeping."""
+resumes, register waits and check exactly-once outcomes, and poll the database with a
+deadline instead of sleeping.
+
+Every Kafka client call made here (start, send, flush, commit, stop) is bounded in time
+(``KAFKA_CALL_TIMEOUT_S``): aiokafka's idempotent producer never gives up on a batch while
+the broker keeps failing it, and its ``stop()`` waits for every pending batch (see
+matcher.kafka.bounded), so an unbounded call could hang a test for ever. Tests that make
+their own clients use ``started`` and ``bounded``.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +21,9 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from datetime import UTC, datetime
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
 
 import psycopg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -32,9 +40,42 @@ from matcher.config import Settings
 from matcher.daemon import app as daemon_app
 from matcher.domain.events import CompletionEvent, Rejection
 from matcher.domain.resume import ResumeData
-from matcher.sdk import parse_resume
+from matcher.domain.waits import WaitSpec
+from matcher.kafka.bounded import start_consumer, start_producer, stop_consumer, stop_producer
+from matcher.sdk import advance, parse_resume, register_wait
 from matcher.store.ingest import IngestRecord
 from matcher.store.rematch import rematch_once
+
+T = TypeVar("T")
+
+# The longest one Kafka client call of a test may take: a start, a stop, the
+# acknowledgement of what one ``produce`` sent. A healthy local broker answers in
+# milliseconds; past this something is wrong, and the test says so instead of hanging.
+KAFKA_CALL_TIMEOUT_S = 30.0
+
+
+async def bounded(awaitable: Awaitable[T], timeout: float = KAFKA_CALL_TIMEOUT_S) -> T:
+    """``await awaitable``, or TimeoutError after ``timeout`` seconds."""
+    async with asyncio.timeout(timeout):
+        return await awaitable
+
+
+@contextlib.asynccontextmanager
+async def started(client: Any, timeout: float = KAFKA_CALL_TIMEOUT_S) -> AsyncIterator[Any]:
+    """An AIOKafkaProducer or AIOKafkaConsumer, started and (whatever happens) stopped, each
+    within ``timeout``: a producer that cannot deliver what it holds is abandoned."""
+    producer = isinstance(client, AIOKafkaProducer)
+    if producer:
+        await start_producer(client, timeout)
+    else:
+        await start_consumer(client, timeout)
+    try:
+        yield client
+    finally:
+        if producer:
+            await stop_producer(client, timeout)
+        else:
+            await stop_consumer(client, timeout)
 
 
 def to_record(
@@ -80,41 +121,50 @@ def event(
     )
 
 
+def _producer(settings: Settings, **options: Any) -> AIOKafkaProducer:
+    return AIOKafkaProducer(
+        **settings.kafka_client_options(),
+        enable_idempotence=True,
+        acks="all",
+        request_timeout_ms=int(KAFKA_CALL_TIMEOUT_S * 1000),
+        **options,
+    )
+
+
 async def produce(
     settings: Settings,
     events: Sequence[CompletionEvent],
     *,
     structured: bool = False,
+    timeout: float = KAFKA_CALL_TIMEOUT_S,
 ) -> None:
-    producer = AIOKafkaProducer(
-        **settings.kafka_client_options(), enable_idempotence=True, acks="all", linger_ms=5
-    )
-    await producer.start()
-    try:
-        futures = []
-        for e in events:
-            key, headers, value = to_record(e, structured=structured)
-            futures.append(
-                await producer.send(settings.events_topic, value, key=key, headers=headers)
-            )
-        await asyncio.gather(*futures)
-    finally:
-        await producer.stop()
+    """Send ``events`` and wait for every acknowledgement, within ``timeout`` (TimeoutError
+    past it: the producer is then abandoned, and its unacknowledged sends may or may not
+    have been written)."""
+    async with started(_producer(settings, linger_ms=5), timeout) as producer:
+        async with asyncio.timeout(timeout):
+            futures = []
+            for e in events:
+                key, headers, value = to_record(e, structured=structured)
+                futures.append(
+                    await producer.send(settings.events_topic, value, key=key, headers=headers)
+                )
+            await asyncio.gather(*futures)
 
 
 async def produce_raw(
-    settings: Settings, messages: Sequence[tuple[bytes | None, list[tuple[str, bytes]], bytes]]
+    settings: Settings,
+    messages: Sequence[tuple[bytes | None, list[tuple[str, bytes]], bytes]],
+    *,
+    timeout: float = KAFKA_CALL_TIMEOUT_S,
 ) -> None:
-    """Send (key, headers, value) exactly as given, in order."""
-    producer = AIOKafkaProducer(
-        **settings.kafka_client_options(), enable_idempotence=True, acks="all"
-    )
-    await producer.start()
-    try:
+    """Send (key, headers, value) exactly as given, in order, each within ``timeout``."""
+    async with started(_producer(settings), timeout) as producer:
         for key, headers, value in messages:
-            await producer.send_and_wait(settings.events_topic, value, key=key, headers=headers)
-    finally:
-        await producer.stop()
+            await bounded(
+                producer.send_and_wait(settings.events_topic, value, key=key, headers=headers),
+                timeout,
+            )
 
 
 @contextlib.asynccontextmanager
@@ -155,8 +205,16 @@ class DaemonProcess:
 
     def wait_ready(self, timeout: float = 60) -> None:
         if not self._ready.wait(timeout):
-            self.process.kill()
+            self.kill()
             raise AssertionError("daemon not ready; output:\n" + "".join(self.lines))
+
+    def wait_for_output(self, needle: str, timeout: float = 30) -> None:
+        """Block until a line containing ``needle`` was printed (or the process ended)."""
+        deadline = time.monotonic() + timeout
+        while not any(needle in line for line in self.lines):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"no {needle!r} in the output:\n" + self.output)
+            time.sleep(0.05)
 
     def wait_exit(self, timeout: float = 60) -> int:
         code = self.process.wait(timeout)
@@ -313,26 +371,23 @@ async def read_resume_messages(
     consumer = AIOKafkaConsumer(
         **settings.kafka_client_options(), group_id=None, enable_auto_commit=False
     )
-    await consumer.start()
     found: list[bytes] = []
-    try:
+    async with started(consumer):
         partitions = [
             TopicPartition(settings.resume_topic, p) for p in range(settings.topic_partitions)
         ]
         consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
+        await bounded(consumer.seek_to_beginning(*partitions))
         deadline = time.monotonic() + timeout
         quiet_since = time.monotonic()
         while time.monotonic() < deadline:
-            batch = await consumer.getmany(timeout_ms=100)
+            batch = await bounded(consumer.getmany(timeout_ms=100))
             got = [r.value for records in batch.values() for r in records]
             found.extend(value for value in got if keep(value))
             if got:
                 quiet_since = time.monotonic()
             elif len(found) >= at_least and time.monotonic() - quiet_since >= settle:
                 break
-    finally:
-        await consumer.stop()
     if len(found) < at_least:
         raise AssertionError(f"{len(found)} resumes, expected at least {at_least}")
     return found
@@ -346,6 +401,76 @@ async def read_resumes(
         settings, at_least=at_least, timeout=timeout, settle=settle
     )
     return [parse_resume(m) for m in messages]
+
+
+def register_waits(
+    settings: Settings, count: int, *, deadline_s: float | None = None, prefix: str = "crash"
+) -> list[str]:
+    """Register ``count`` waits (one run each, positions 0-2) for job.completed; return
+    their correlation ids."""
+    correlations = [f"{prefix}-{uuid.uuid4().hex[:10]}" for _ in range(count)]
+    deadline = datetime.now(UTC) + timedelta(seconds=deadline_s) if deadline_s else None
+    with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as conn:
+        for n, correlation in enumerate(correlations):
+            register_wait(
+                conn,
+                WaitSpec(
+                    tenant="acme",
+                    run_id=f"run-{correlation}",
+                    position=n % 3,
+                    event_types=["job.completed"],
+                    correlation_id=correlation,
+                    deadline=deadline,
+                ),
+            )
+    return correlations
+
+
+def published(settings: Settings) -> int:
+    """Outbox rows the relay has published."""
+    return int(
+        scalar(settings, "SELECT count(*) FROM matcher.outbox WHERE published_at IS NOT NULL")
+    )
+
+
+def all_published(settings: Settings, total: int) -> bool:
+    return published(settings) == total
+
+
+async def check_exactly_once(settings: Settings, total: int) -> None:
+    """``total`` waits resolved, each resume (duplicates included) advances its run exactly
+    once, and a resume resolved by an event names the event that resolved the wait."""
+    resumes = await read_resumes(settings, at_least=total)
+    waits = {
+        str(r["id"]): r
+        for r in rows(settings, "SELECT * FROM matcher.waits WHERE state <> 'waiting'")
+    }
+    assert len(waits) == total
+    advanced: dict[str, int] = {}
+    with psycopg.connect(settings.database_url.get_secret_value()) as conn:
+        for resume in resumes:  # duplicates included: the relay is at-least-once
+            wait = waits[str(resume.wait_id)]
+            if resume.outcome == "event":
+                assert resume.event is not None
+                assert (resume.event.source, resume.event.id) == (
+                    wait["resolved_by_producer"],
+                    wait["resolved_by_event_id"],
+                )
+            if advance(conn, resume):
+                advanced[str(resume.wait_id)] = advanced.get(str(resume.wait_id), 0) + 1
+    assert advanced == dict.fromkeys(waits, 1)
+    assert scalar(settings, "SELECT count(*) FROM matcher.outbox") == total
+    assert scalar(settings, "SELECT count(*) FROM matcher.inbox WHERE status = 'pending'") == 0
+
+
+async def produce_paced(
+    settings: Settings, events: Sequence[CompletionEvent], *, pause: float, chunk: int = 50
+) -> None:
+    """``events`` in chunks with a pause between them: a load that is still arriving while
+    the test does something to the daemon (the pause is the load's pace, not a wait)."""
+    for start in range(0, len(events), chunk):
+        await produce(settings, events[start : start + chunk])
+        await asyncio.sleep(pause)
 
 
 def outcome_counts(settings: Settings) -> dict[str, int]:

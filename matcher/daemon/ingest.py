@@ -3,6 +3,10 @@
 Order is everything here (invariant 1): an offset is committed only after the batch it
 covers is committed to Postgres. A crash anywhere re-reads the batch, and the inbox key
 (producer, event id) turns the re-read into duplicates that change nothing.
+
+The consumer's start, stop and position look-ups are bounded in time, like its commits
+(matcher.kafka.commits) and fetches (matcher.kafka.fetch): a broker that does not answer
+fails the loop or skips a measurement, it does not hold the daemon.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from matcher.daemon.registry_watch import RegistryHolder
 from matcher.domain.events import Rejection
 from matcher.kafka import codecs
 from matcher.kafka.binding import raw_record
+from matcher.kafka.bounded import start_consumer, stop_consumer
 from matcher.kafka.commits import OffsetCommitter
 from matcher.kafka.dead_letters import DeadLetters
 from matcher.kafka.fetch import FetchedRecord, SafeFetcher
@@ -38,6 +43,10 @@ from matcher.store.maintenance import ensure_days
 from matcher.store.quarantine_rows import Bounds
 
 log = logging.getLogger("matcher.ingest")
+
+# The longest the consumer's start or stop may take, and a lag measurement's look-up.
+CALL_TIMEOUT_S = 30.0
+LAG_LOOKUP_TIMEOUT_S = 2.0
 
 # Worth retrying the same batch: the database or the network, not the data.
 _TRANSIENT = (
@@ -163,7 +172,13 @@ class Ingest:
             if self._dead_letters is None
             else asyncio.create_task(self._dead_letters.run(letters_stop), name="dead-letters")
         )
-        await consumer.start()
+        try:
+            await start_consumer(consumer, CALL_TIMEOUT_S)
+        except BaseException:
+            letters_stop.set()
+            if letters is not None:
+                await letters
+            raise
         # One batch is parsed (CPU, here) while the one before is in Postgres (I/O, in a
         # task): batches are still stored and their offsets committed strictly in order.
         in_flight: asyncio.Task[None] | None = None
@@ -199,7 +214,7 @@ class Ingest:
                 with contextlib.suppress(asyncio.CancelledError):
                     await in_flight
             # Leaves the group at once, so the partitions move without a session timeout.
-            await consumer.stop()
+            await stop_consumer(consumer, CALL_TIMEOUT_S)
             metrics.ASSIGNED_PARTITIONS.set(0)
             metrics.CONSUMER_LAG.clear()
             letters_stop.set()
@@ -262,7 +277,11 @@ class Ingest:
                 continue  # nothing fetched yet from this partition
             done = committer.committed.get(tp)
             if done is None:
-                done = await consumer.position(tp)
+                try:
+                    async with asyncio.timeout(LAG_LOOKUP_TIMEOUT_S):
+                        done = await consumer.position(tp)
+                except (KafkaError, TimeoutError):
+                    continue  # measured next time
             metrics.CONSUMER_LAG.labels(str(tp.partition)).set(max(0, end - done))
 
     def _count(self, result: BatchResult) -> None:

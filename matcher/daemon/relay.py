@@ -6,6 +6,12 @@ and the worker SDK's ``advance`` turns the duplicate into a no-op. The relay wak
 Postgres NOTIFY sent by every transaction that writes the outbox (and, in this process, a
 direct nudge from ingest; see matcher.daemon.notifications), with a slow poll as a safety
 net.
+
+Every Kafka call here is bounded in time (``call_timeout_s``): the idempotent producer
+retries a batch for as long as the broker keeps failing it, and never expires it, so an
+unbounded wait for its acknowledgement could hold the claimed rows (and their
+transaction) for ever. A publish that takes too long rolls the claim back, the producer is
+torn down (see matcher.kafka.bounded) and a new one publishes the rows again.
 """
 
 from __future__ import annotations
@@ -27,9 +33,14 @@ from psycopg_pool import AsyncConnectionPool
 from matcher import metrics
 from matcher.config import Settings
 from matcher.daemon.faults import crash_point
+from matcher.kafka.bounded import start_producer, stop_producer
 from matcher.store.sql import query
 
 log = logging.getLogger("matcher.relay")
+
+# The longest any one Kafka call of the relay may take: start, a batch's publication (all
+# its acknowledgements), stop. Past it the producer is rebuilt.
+CALL_TIMEOUT_S = 30.0
 
 
 class Claimed(NamedTuple):
@@ -88,12 +99,21 @@ async def _send_in_batches(
 
 
 class Relay:
-    def __init__(self, settings: Settings, pool: AsyncConnectionPool, stop: asyncio.Event) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        pool: AsyncConnectionPool,
+        stop: asyncio.Event,
+        *,
+        call_timeout_s: float = CALL_TIMEOUT_S,
+    ) -> None:
         self._settings = settings
         self._pool = pool
         self._stop = stop
         self._wake = asyncio.Event()
+        self._call_timeout_s = call_timeout_s
         self.published = 0
+        self.producers_started = 0  # one more each time a producer is (re)built
 
     def nudge(self) -> None:
         self._wake.set()
@@ -109,9 +129,11 @@ class Relay:
                     linger_ms=self._settings.relay_linger_ms,
                     # Room for a whole relay batch of one partition in one request.
                     max_batch_size=512 * 1024,
+                    request_timeout_ms=int(self._call_timeout_s * 1000),
                 )
                 try:
-                    await producer.start()
+                    await start_producer(producer, self._call_timeout_s)
+                    self.producers_started += 1
                     await self._publish_until_stopped(producer)
                     delay = 0.1
                 except (TimeoutError, KafkaError, OSError) as exc:
@@ -125,8 +147,7 @@ class Relay:
                         extra={"error": repr(exc), "retry_in_s": delay},
                     )
                 finally:
-                    with contextlib.suppress(Exception):
-                        await producer.stop()
+                    await stop_producer(producer, self._call_timeout_s)
                 if not self._stop.is_set():
                     await self._sleep(delay)
                     delay = min(delay * 2, 5.0)
@@ -177,7 +198,9 @@ class Relay:
             if not rows:
                 return 0
             crash_point("relay.before_publish")
-            await asyncio.gather(*await _send_in_batches(producer, topic, rows))
+            # Bounded: a TimeoutError rolls the claim back, and run() rebuilds the producer.
+            async with asyncio.timeout(self._call_timeout_s):
+                await asyncio.gather(*await _send_in_batches(producer, topic, rows))
             crash_point("relay.after_publish")
             await cur.execute(
                 query("relay", "mark_published"),

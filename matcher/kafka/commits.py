@@ -11,12 +11,22 @@ in the background, one request at a time, always the newest offsets submitted so
 commits are never reordered (a late, older commit would move a partition back), and a
 burst of batches costs one commit, not one each. A crash loses at most the offsets not yet
 committed; their records are read again and the inbox key makes them duplicates.
+
+A commit is bounded in time (``timeout_s``): aiokafka's ``commit`` looks for the group
+coordinator, and retries retriable errors, for as long as it takes, so a broker that is
+away would otherwise hold every flush (a rebalance, the shutdown) for ever. A commit that
+times out is kept for the next attempt like any failed one. The request it may have sent
+can still land after that; if it lands after a newer commit it moves the partition back
+to offsets that were committed in Postgres all the same, and the next commit moves it
+forward again: at worst records are read twice, which the inbox key makes harmless.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaError
@@ -24,13 +34,24 @@ from aiokafka.structs import OffsetAndMetadata
 
 log = logging.getLogger("matcher.ingest")
 
+COMMIT_TIMEOUT_S = 15.0
+
 
 class OffsetCommitter:
-    def __init__(self, consumer: AIOKafkaConsumer, retry_after_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        consumer: AIOKafkaConsumer,
+        retry_after_s: float = 1.0,
+        *,
+        timeout_s: float = COMMIT_TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._consumer = consumer
         self._pending: dict[TopicPartition, int] = {}
         self._task: asyncio.Task[None] | None = None
         self._retry_after_s = retry_after_s
+        self._timeout_s = timeout_s
+        self._clock = clock
         self._failed_at: float | None = None
         # The newest offset Kafka acknowledged per partition (for the lag gauge).
         self.committed: dict[TopicPartition, int] = {}
@@ -47,7 +68,7 @@ class OffsetCommitter:
         failed are tried again (after a pause) even when no newer batch comes to carry
         them, so an idle partition does not keep an old committed offset."""
         if self._failed_at is not None:
-            if asyncio.get_running_loop().time() - self._failed_at < self._retry_after_s:
+            if self._clock() - self._failed_at < self._retry_after_s:
                 return
             self._failed_at = None
         self._start()
@@ -75,7 +96,8 @@ class OffsetCommitter:
             if not offsets:
                 continue
             try:
-                await self._consumer.commit(offsets)
+                async with asyncio.timeout(self._timeout_s):
+                    await self._consumer.commit(offsets)
             except CommitFailedError as exc:
                 # The group moved on (rebalance or eviction): the new owner re-reads
                 # these records and the inbox key recognises them.
@@ -83,12 +105,12 @@ class OffsetCommitter:
                     "offset commit refused; the records will be redelivered",
                     extra={"error": str(exc)},
                 )
-            except KafkaError as exc:
+            except (KafkaError, TimeoutError) as exc:
                 # Kept for the next attempt (the next batch's, the tick's after a pause,
                 # or the flush), unless a newer offset for the partition arrived meanwhile.
                 for tp, meta in offsets.items():
                     self._pending.setdefault(tp, meta.offset)
-                self._failed_at = asyncio.get_running_loop().time()
+                self._failed_at = self._clock()
                 log.warning(
                     "offset commit failed; will retry",
                     extra={"error": repr(exc)},

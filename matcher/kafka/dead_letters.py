@@ -3,7 +3,9 @@
 The quarantine row is the durable record of a rejection; this copy is a convenience for
 tools that watch a topic. So it must never hold ingest up: ingest hands records over
 without waiting (a bounded queue; when it is full the copy is dropped and counted), and
-one task sends them, every Kafka call bounded in time, reconnecting after failures.
+one task sends them, every Kafka call bounded in time, reconnecting after failures. A
+producer that does not stop in time is abandoned (matcher.kafka.bounded), not left
+retrying its batch in the background for ever.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from aiokafka.errors import KafkaError, MessageSizeTooLargeError
 from matcher import metrics
 from matcher.config import Settings
 from matcher.domain.events import Rejection
+from matcher.kafka.bounded import start_producer, stop_producer
 from matcher.store.ingest import IngestRecord
 from matcher.store.quarantine_rows import Bounds, bounded, headers_from_json
 
@@ -79,17 +82,14 @@ class DeadLetters:
                 request_timeout_ms=int(CALL_TIMEOUT_S * 1000),
             )
             try:
-                async with asyncio.timeout(CALL_TIMEOUT_S):
-                    await producer.start()
+                await start_producer(producer, CALL_TIMEOUT_S)
                 await self._send_until_stopped(producer, stop)
             except (TimeoutError, KafkaError, OSError) as exc:
                 log.warning("dead-letter copy failed", extra={"error": repr(exc)})
                 if stop.is_set():
                     break
             finally:
-                with contextlib.suppress(Exception):
-                    async with asyncio.timeout(CALL_TIMEOUT_S):
-                        await producer.stop()
+                await stop_producer(producer, CALL_TIMEOUT_S)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self._delay)
             self._delay = min(self._delay * 2, 10.0)

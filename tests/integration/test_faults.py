@@ -8,8 +8,18 @@ import asyncio
 import psycopg
 
 from matcher.config import Settings
-from tests.helpers import DaemonProcess, env_flag, event, eventually, process_env, produce, scalar
-from tests.integration.test_crash import _all_settled, _check_exactly_once, _register
+from tests.helpers import (
+    DaemonProcess,
+    all_published,
+    check_exactly_once,
+    env_flag,
+    event,
+    eventually,
+    process_env,
+    produce,
+    register_waits,
+    scalar,
+)
 
 
 def _resolved(settings: Settings) -> int:
@@ -18,7 +28,7 @@ def _resolved(settings: Settings) -> int:
 
 async def test_terminated_connections_are_survived(settings: Settings) -> None:
     total = env_flag("MATCHER_TEST_LOAD_EVENTS", 1500)
-    correlations = _register(settings, total)
+    correlations = register_waits(settings, total)
     events = [event(correlation=c) for c in correlations]
     daemon = DaemonProcess(process_env(settings))
     daemon.wait_ready()
@@ -41,23 +51,23 @@ async def test_terminated_connections_are_survived(settings: Settings) -> None:
                 ).fetchone()
                 killed += row[0] if row else 0
         await producing
-        await eventually(lambda: _all_settled(settings, total), timeout=120)
+        await eventually(lambda: all_published(settings, total), timeout=120)
         # Throughput recovered: a fresh burst after the last kill is handled promptly.
-        more = _register(settings, 200)
+        more = register_waits(settings, 200)
         await produce(settings, [event(correlation=c) for c in more])
-        await eventually(lambda: _all_settled(settings, total + 200), timeout=30)
+        await eventually(lambda: all_published(settings, total + 200), timeout=30)
     finally:
         assert daemon.terminate() == 0, daemon.output
     assert killed >= 4, "the daemon had no connections to kill?"
     assert daemon.process.returncode == 0
-    await _check_exactly_once(settings, total + 200)
+    await check_exactly_once(settings, total + 200)
 
 
 async def test_a_batch_outliving_the_poll_interval_is_evicted_not_doubled(
     settings: Settings,
 ) -> None:
     total = 300
-    correlations = _register(settings, total)
+    correlations = register_waits(settings, total)
     env = process_env(
         settings,
         MATCHER_INGEST_MAX_POLL_INTERVAL_MS="1500",
@@ -70,10 +80,10 @@ async def test_a_batch_outliving_the_poll_interval_is_evicted_not_doubled(
     daemon.wait_ready()
     try:
         await produce(settings, [event(correlation=c) for c in correlations])
-        await eventually(lambda: _all_settled(settings, total), timeout=90)
+        await eventually(lambda: all_published(settings, total), timeout=90)
         assert "test stall at ingest.in_transaction" in daemon.output
     finally:
         assert daemon.terminate() == 0, daemon.output
-    await _check_exactly_once(settings, total)
+    await check_exactly_once(settings, total)
     # No endless loop: the group settled, and each record was stored once.
     assert scalar(settings, "SELECT count(*) FROM matcher.inbox") == total

@@ -99,8 +99,9 @@ async def test_relay_survives_kafka_outage(private_settings: tuple[Devstack, Set
 
 
 async def _under_load(stack: Devstack, settings: Settings, total: int, fault: str) -> DaemonProcess:
+    from tests.helpers import all_published as _all_settled
     from tests.helpers import event, produce
-    from tests.integration.test_crash import _all_settled, _register
+    from tests.helpers import register_waits as _register
 
     correlations = _register(settings, total)
     events = [event(correlation=c) for c in correlations]
@@ -139,7 +140,7 @@ async def _under_load(stack: Devstack, settings: Settings, total: int, fault: st
 
 @pytest.mark.parametrize("fault", ["kafka", "postgres"])
 async def test_restart_under_load(private_settings: tuple[Devstack, Settings], fault: str) -> None:
-    from tests.integration.test_crash import _check_exactly_once
+    from tests.helpers import check_exactly_once as _check_exactly_once
 
     stack, settings = private_settings
     total = 1000

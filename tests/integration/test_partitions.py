@@ -30,11 +30,11 @@ from tests.helpers import (
     eventually,
     ingest_record,
     produce,
+    register_waits,
     rows,
     running_daemon,
     scalar,
 )
-from tests.integration.test_crash import _register
 
 
 def _day_of(settings: Settings, days_ago: int) -> str:
@@ -92,7 +92,7 @@ async def test_dedupe_holds_across_days_and_through_a_purge_under_load(
     inside = [event(correlation=f"inside-{n}") for n in range(40)]
     outside = [event(correlation=f"outside-{n}") for n in range(40)]
     total = env_flag("MATCHER_TEST_LOAD_EVENTS", 600)
-    correlations = _register(settings, total)
+    correlations = register_waits(settings, total)
     load = [event(correlation=c) for c in correlations]
 
     # The daemon's own janitor keeps everything (the test drops days with its own calls).
