@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from pydantic import BaseModel, SecretStr, ValidationError, field_validator
@@ -46,6 +46,9 @@ from typer.core import TyperGroup, TyperOption
 
 from matcher import __version__
 from matcher.config import Settings, _describe
+
+if TYPE_CHECKING:
+    from matcher.store.views import View
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -248,29 +251,12 @@ def _connect(settings: Settings) -> Any:
         _fail([f"matcher: cannot reach Postgres: {_one_line(exc)}"], code=EXIT_UNREACHABLE)
 
 
-def _schema_problem(conn: Any) -> str | None:
-    """What the database lacks for this matcher's schema, or None."""
-    from matcher.store.migrate import load_migrations
-    from matcher.store.sql import query
-
-    if not conn.execute(query("views", "schema_present")).fetchone()[0]:
-        return "the database has no matcher schema"
-    applied = {row[0] for row in conn.execute(query("migrate", "applied"))}
-    missing = [m for m in load_migrations() if m.version not in applied]
-    if missing:
-        first = missing[0]
-        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-        return (
-            f"the database schema is older than this matcher (migration "
-            f"{first.version:04d}_{first.name}{more} not applied)"
-        )
-    return None
-
-
 def _require_schema(settings: Settings) -> None:
     """Before the daemon starts: Postgres answers (within the startup timeout) and has
     every migration, so a missing schema is said at once rather than by a dying loop."""
     import psycopg
+
+    from matcher.store.migrate import schema_problem
 
     deadline = time.monotonic() + settings.startup_timeout_s
     while True:
@@ -278,7 +264,7 @@ def _require_schema(settings: Settings) -> None:
             with psycopg.connect(
                 settings.database_url.get_secret_value(), autocommit=True, connect_timeout=5
             ) as conn:
-                problem = _schema_problem(conn)
+                problem = schema_problem(conn)
             break
         except psycopg.OperationalError as exc:
             if time.monotonic() >= deadline:
@@ -763,15 +749,13 @@ def waits_list(
     )
 
 
-def _view(filters: Any, name: str) -> list[dict[str, Any]]:
+def _view(filters: Any, name: View) -> list[dict[str, Any]]:
     """The page of rows of a list view (matcher/store/queries/views.sql)."""
-    from psycopg.rows import dict_row
-
     from matcher.admin.filters import page
-    from matcher.store.sql import query
+    from matcher.store.views import view_rows
 
-    with _connect(_settings(kafka=False)) as conn, conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(query("views", name), filters.params()).fetchall()
+    with _connect(_settings(kafka=False)) as conn:
+        rows = view_rows(conn, name, filters.params())
     items, _ = page(rows, filters)
     return items
 

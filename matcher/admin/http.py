@@ -15,7 +15,6 @@ from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, Respo
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel
 
@@ -31,8 +30,9 @@ from matcher.admin.filters import (
 from matcher.config import Settings
 from matcher.domain.explain import Verdict
 from matcher.domain.waits import Wait
+from matcher.store import session
 from matcher.store.explain import AmbiguousRun, UnknownRun
-from matcher.store.sql import query
+from matcher.store.views import View, view_rows_async
 
 
 @dataclass
@@ -153,10 +153,9 @@ def create_app(state: AdminState) -> FastAPI:
         409: {"model": Problem},
     }
 
-    async def rows(name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-        async with state.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(query("views", name), params)
-            return [_in_utc(row) for row in await cur.fetchall()]
+    async def rows(name: View, params: dict[str, Any]) -> list[dict[str, Any]]:
+        async with state.pool.connection() as conn:
+            return [_in_utc(row) for row in await view_rows_async(conn, name, params)]
 
     @app.get("/healthz", response_model=Health, tags=["operations"])
     async def healthz() -> Health:
@@ -173,7 +172,7 @@ def create_app(state: AdminState) -> FastAPI:
         """Ready: Postgres and Kafka reachable, partitions of the events topic assigned."""
         try:
             async with state.pool.connection(timeout=2) as conn:
-                await conn.execute("SELECT 1")
+                await session.ping(conn)
             postgres = True
         except (psycopg.Error, TimeoutError, Exception):
             postgres = False

@@ -11,7 +11,8 @@ import logging
 from collections.abc import Callable, Mapping
 
 import psycopg
-from psycopg import sql
+
+from matcher.store import session
 
 log = logging.getLogger("matcher.notifications")
 
@@ -21,8 +22,7 @@ async def listen(url: str, wake: Mapping[str, Callable[[], None]]) -> None:
     while True:
         try:
             async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-                for channel in wake:
-                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                await session.listen(conn, wake)
                 for nudge in wake.values():
                     nudge()  # anything committed while nobody listened
                 async for note in conn.notifies():

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 import psycopg
 from aiokafka import AIOKafkaProducer
@@ -34,24 +33,14 @@ from matcher import metrics
 from matcher.config import Settings
 from matcher.daemon.faults import crash_point
 from matcher.kafka.bounded import start_producer, stop_producer
-from matcher.store.sql import query
+from matcher.store import outbox
+from matcher.store.outbox import Claimed
 
 log = logging.getLogger("matcher.relay")
 
 # The longest any one Kafka call of the relay may take: start, a batch's publication (all
 # its acknowledgements), stop. Past it the producer is rebuilt.
 CALL_TIMEOUT_S = 30.0
-
-
-class Claimed(NamedTuple):
-    """A row of ``claim_unpublished``, in its column order."""
-
-    id: int
-    run_id: str
-    outcome: str
-    waited_s: float
-    received_epoch: float | None  # None unless an event resolved the wait
-    message: str  # the resume CloudEvent's JSON
 
 
 def _observe(rows: list[Claimed]) -> None:
@@ -190,11 +179,7 @@ class Relay:
             conn.transaction(),
             conn.cursor(row_factory=args_row(Claimed)) as cur,
         ):
-            await cur.execute(
-                query("relay", "claim_unpublished"), {"limit": self._settings.relay_batch_max}
-            )
-            await pipeline.sync()
-            rows = await cur.fetchall()
+            rows = await outbox.claim_unpublished(cur, pipeline, self._settings.relay_batch_max)
             if not rows:
                 return 0
             crash_point("relay.before_publish")
@@ -202,13 +187,7 @@ class Relay:
             async with asyncio.timeout(self._call_timeout_s):
                 await asyncio.gather(*await _send_in_batches(producer, topic, rows))
             crash_point("relay.after_publish")
-            await cur.execute(
-                query("relay", "mark_published"),
-                {
-                    "ids": [r.id for r in rows],
-                    "digests": [hashlib.sha256(r.message.encode()).digest() for r in rows],
-                },
-            )
+            await outbox.mark_published(cur, rows)
         self.published += len(rows)
         _observe(rows)
         return len(rows)

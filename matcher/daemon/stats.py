@@ -23,7 +23,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from matcher import metrics
-from matcher.store.sql import query
+from matcher.store import stats as store_stats
 
 log = logging.getLogger("matcher.stats")
 
@@ -52,21 +52,13 @@ class MismatchCounter:
         self.since: datetime | None = None
 
     async def tick(self, cur: psycopg.AsyncCursor[dict[str, Any]]) -> int:
-        await cur.execute(query("stats", "settled_edge"), {"settle_s": self.settle_s})
-        row = await cur.fetchone()
-        assert row is not None
-        edge: datetime = row["edge"]
+        edge = await store_stats.settled_edge(cur, self.settle_s)
         if self.since is None:
             self.since = edge
             return 0
         if edge <= self.since:
             return 0
-        await cur.execute(
-            query("stats", "mismatched_arrivals"), {"since": self.since, "until": edge}
-        )
-        counted = await cur.fetchone()
-        assert counted is not None
-        arrived = int(counted["arrived"])
+        arrived = await store_stats.mismatched_arrivals(cur, self.since, edge)
         self.since = edge  # only once counted: a failed tick leaves its window to the next
         metrics.MISMATCHED_EVENTS.inc(arrived)
         return arrived
@@ -76,9 +68,7 @@ async def refresh(
     pool: AsyncConnectionPool, mismatches: MismatchCounter | None = None
 ) -> dict[str, float]:
     async with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(query("stats", "gauges"))
-        row = await cur.fetchone()
-        assert row is not None
+        row = await store_stats.gauges(cur)
         values = {name: float(row[name] or 0) for name in _GAUGES}
         for name, gauge in _GAUGES.items():
             gauge.set(values[name])

@@ -10,6 +10,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -89,3 +90,20 @@ def migrate(conninfo: str, migrations: list[Migration] | None = None) -> list[Mi
         finally:
             conn.execute(query("migrate", "unlock"))
     return applied_now
+
+
+def schema_problem(conn: psycopg.Connection[Any]) -> str | None:
+    """What the database lacks for this matcher's schema, in a sentence, or None."""
+    present = conn.execute(query("migrate", "schema_present")).fetchone()
+    if not present or not present[0]:
+        return "the database has no matcher schema"
+    applied = {row[0] for row in conn.execute(query("migrate", "applied"))}
+    missing = [m for m in load_migrations() if m.version not in applied]
+    if not missing:
+        return None
+    first = missing[0]
+    more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+    return (
+        f"the database schema is older than this matcher (migration "
+        f"{first.version:04d}_{first.name}{more} not applied)"
+    )

@@ -20,3 +20,7 @@ SELECT version, name, checksum FROM matcher.schema_migrations ORDER BY version;
 
 -- name: record
 INSERT INTO matcher.schema_migrations (version, name, checksum) VALUES (%s, %s, %s);
+
+-- name: schema_present
+-- Whether the database has matcher's schema at all (the version table `migrate` creates).
+SELECT to_regclass('matcher.schema_migrations') IS NOT NULL AS present;

@@ -30,7 +30,3 @@ WHERE (%(reason)s::text IS NULL OR reason = %(reason)s)
   AND (%(correlation_id)s::text IS NULL OR correlation_id = %(correlation_id)s)
 ORDER BY id DESC
 LIMIT %(limit)s OFFSET %(offset)s;
-
--- name: schema_present
--- Whether the database has matcher's schema at all (the version table `migrate` creates).
-SELECT to_regclass('matcher.schema_migrations') IS NOT NULL AS present;
