@@ -560,7 +560,7 @@ def reconcile(
         str,
         typer.Option(
             help="Your lookup: module:function, or a matcher.reconcilers entry point name. "
-            "It gets a Launch and answers Found(job_id), NotFound() or Unknown(reason)."
+            "It gets a Launch and answers Found(external_job_id), NotFound() or Unknown(reason)."
         ),
     ],
     older_than: Annotated[
@@ -589,7 +589,7 @@ def reconcile(
         _print_json([r.__dict__ for r in results])
         return
     for r in results:
-        extra = f" job {r.job_id}" if r.job_id else ""
+        extra = f" job {r.external_job_id}" if r.external_job_id else ""
         note = f" ({r.detail})" if r.detail else ""
         print(f"{r.launch_id} run {r.run_id}: {r.answer}{extra}{note}")
     if not results:
@@ -805,24 +805,26 @@ def events_list(
         limit=limit,
         offset=offset,
     )
-    rows = _view(filters, "events")
+    from matcher.domain.events import StoredEvent
+
+    events = [StoredEvent.model_validate(r) for r in _view(filters, "events")]
     if as_json:
-        _print_json(rows)
+        _print_json(events)
         return
     _table(
         ("source", "id", "tenant", "type", "correlation", "status", "received", "at"),
         [
             (
-                r["producer"],
-                r["event_id"],
-                r["tenant"],
-                r["type"],
-                r["correlation_id"],
-                r["status"],
-                _when(r["received_at"]),
-                f"{r['kafka_partition']}@{r['kafka_offset']}",
+                e.producer,
+                e.event_id,
+                e.tenant,
+                e.type,
+                e.correlation_id,
+                e.status,
+                _when(e.received_at),
+                f"{e.kafka_partition}@{e.kafka_offset}",
             )
-            for r in rows
+            for e in events
         ],
     )
 
@@ -958,24 +960,26 @@ def quarantine_list(
         limit=limit,
         offset=offset,
     )
-    rows = _view(filters, "quarantine")
+    from matcher.domain.events import QuarantinedRecord
+
+    records = [QuarantinedRecord.model_validate(r) for r in _view(filters, "quarantine")]
     if as_json:
-        _print_json(rows)
+        _print_json(records)
         return
     _table(
         ("id", "received", "at", "reason", "source", "event", "tenant", "detail"),
         [
             (
-                r["id"],
-                _when(r["received_at"]),
-                f"{r['kafka_partition']}@{r['kafka_offset']}",
-                r["reason"] + (f" (replayed: {r['replay_result']})" if r["replayed_at"] else ""),
-                r["producer"] or "-",
-                r["event_id"] or "-",
-                r["tenant"] or "-",
-                r["detail"] or "",
+                q.id,
+                _when(q.received_at),
+                f"{q.kafka_partition}@{q.kafka_offset}",
+                q.reason + (f" (replayed: {q.replay_result})" if q.replayed_at else ""),
+                q.producer or "-",
+                q.event_id or "-",
+                q.tenant or "-",
+                q.detail or "",
             )
-            for r in rows
+            for q in records
         ],
     )
 

@@ -8,7 +8,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any
-from uuid import UUID
 
 import psycopg
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, Response
@@ -28,6 +27,7 @@ from matcher.admin.filters import (
     page,
 )
 from matcher.config import Settings
+from matcher.domain.events import QuarantinedRecord, StoredEvent
 from matcher.domain.explain import Verdict
 from matcher.domain.waits import Wait
 from matcher.store import session
@@ -69,48 +69,13 @@ class WaitsPage(BaseModel):
     next_offset: int | None
 
 
-class Event(BaseModel):
-    producer: str
-    event_id: str
-    tenant: str
-    type: str
-    correlation_id: str
-    external_job_id: str | None
-    occurred_at: datetime | None
-    received_at: datetime
-    kafka_topic: str | None
-    kafka_partition: int | None
-    kafka_offset: int | None
-    data: Any
-    status: str
-    consumed_by: UUID | None
-    late_for: UUID | None
-
-
 class EventsPage(BaseModel):
-    items: list[Event]
+    items: list[StoredEvent]
     next_offset: int | None
 
 
-class QuarantineRecord(BaseModel):
-    id: int
-    received_at: datetime
-    kafka_topic: str
-    kafka_partition: int
-    kafka_offset: int
-    reason: str
-    detail: str | None
-    producer: str | None
-    event_id: str | None
-    tenant: str | None
-    type: str | None
-    correlation_id: str | None
-    replayed_at: datetime | None
-    replay_result: str | None
-
-
 class QuarantinePage(BaseModel):
-    items: list[QuarantineRecord]
+    items: list[QuarantinedRecord]
     next_offset: int | None
 
 
@@ -233,7 +198,9 @@ def create_app(state: AdminState) -> FastAPI:
     async def list_events(filters: Annotated[EventFilters, Query()]) -> EventsPage:
         """Stored events, newest first."""
         items, next_offset = page(await rows("events", filters.params()), filters)
-        return EventsPage(items=[Event.model_validate(r) for r in items], next_offset=next_offset)
+        return EventsPage(
+            items=[StoredEvent.model_validate(r) for r in items], next_offset=next_offset
+        )
 
     @app.get(
         "/v1/quarantine",
@@ -246,7 +213,7 @@ def create_app(state: AdminState) -> FastAPI:
         """Quarantined records, newest first (raw bytes are not served here)."""
         items, next_offset = page(await rows("quarantine", filters.params()), filters)
         return QuarantinePage(
-            items=[QuarantineRecord.model_validate(r) for r in items], next_offset=next_offset
+            items=[QuarantinedRecord.model_validate(r) for r in items], next_offset=next_offset
         )
 
     @app.exception_handler(psycopg.OperationalError)

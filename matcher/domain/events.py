@@ -8,6 +8,7 @@ import sys
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated, Any
+from uuid import UUID
 
 from pydantic import (
     AfterValidator,
@@ -118,6 +119,47 @@ class CompletionEvent(BaseModel):
         if problem is not None:
             raise ValueError(f"must not contain {problem}: it is not storable JSON")
         return value
+
+
+class StoredEvent(BaseModel):
+    """An inbox row: a completion event as matcher stored it, and what became of it. The
+    one model of a stored event: the CLI, the admin API and ``explain`` all read this."""
+
+    producer: str
+    event_id: str
+    tenant: str
+    type: str
+    correlation_id: str
+    external_job_id: str | None
+    occurred_at: datetime | None
+    received_at: datetime
+    kafka_topic: str | None
+    kafka_partition: int | None
+    kafka_offset: int | None
+    data: Any
+    status: str
+    consumed_by: UUID | None
+    late_for: UUID | None
+
+
+class QuarantinedRecord(BaseModel):
+    """A quarantine row: a record the gate refused, with the reason and what it claimed to
+    be (only as far as it could be read). The one model of it, like ``StoredEvent``."""
+
+    id: int
+    received_at: datetime
+    kafka_topic: str
+    kafka_partition: int
+    kafka_offset: int
+    reason: str
+    detail: str | None
+    producer: str | None
+    event_id: str | None
+    tenant: str | None
+    type: str | None
+    correlation_id: str | None
+    replayed_at: datetime | None
+    replay_result: str | None
 
 
 # Every reason a record is quarantined for, with what it means (the README and the schemas

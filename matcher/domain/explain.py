@@ -24,6 +24,9 @@ from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
+from matcher.domain.events import QuarantinedRecord, StoredEvent
+from matcher.domain.waits import Wait
+
 # A resume older than this without being published is worth mentioning.
 UNPUBLISHED_GRACE_S = 5.0
 
@@ -57,55 +60,6 @@ class Verdict(StrEnum):
 
 
 @dataclass(frozen=True)
-class WaitFacts:
-    id: UUID
-    tenant: str
-    run_id: str
-    position: int
-    event_types: list[str]
-    correlation_id: str
-    deadline: datetime | None
-    state: str
-    created_at: datetime
-    resolved_at: datetime | None
-    resolution: str | None
-    resolved_by_producer: str | None
-    resolved_by_event_id: str | None
-    external_job_id: str | None = None
-
-
-@dataclass(frozen=True)
-class EventFacts:
-    producer: str
-    event_id: str
-    tenant: str
-    type: str
-    correlation_id: str
-    status: str
-    consumed_by: UUID | None
-    late_for: UUID | None
-    received_at: datetime
-    kafka_topic: str | None
-    kafka_partition: int | None
-    kafka_offset: int | None
-
-
-@dataclass(frozen=True)
-class QuarantineFacts:
-    id: int
-    reason: str
-    detail: str | None
-    producer: str | None
-    event_id: str | None
-    tenant: str | None
-    type: str | None
-    received_at: datetime
-    kafka_partition: int
-    kafka_offset: int
-    replayed_at: datetime | None = None
-
-
-@dataclass(frozen=True)
 class OutboxFacts:
     resolution_id: UUID
     created_at: datetime
@@ -115,9 +69,9 @@ class OutboxFacts:
 @dataclass(frozen=True)
 class ExplainFacts:
     now: datetime
-    wait: WaitFacts
-    events: list[EventFacts] = field(default_factory=list)  # same correlation id, any tenant
-    quarantined: list[QuarantineFacts] = field(default_factory=list)
+    wait: Wait
+    events: list[StoredEvent] = field(default_factory=list)  # same correlation id, any tenant
+    quarantined: list[QuarantinedRecord] = field(default_factory=list)
     outbox: OutboxFacts | None = None
     # Where this wait's events land, by partitioner (a key of PARTITIONERS); empty when the
     # partition count is unknown.
@@ -136,7 +90,7 @@ class Explanation:
     evidence: dict[str, Any]
 
 
-def _event(e: EventFacts) -> dict[str, Any]:
+def _event(e: StoredEvent) -> dict[str, Any]:
     return {
         "source": e.producer,
         "id": e.event_id,
@@ -152,7 +106,7 @@ def _event(e: EventFacts) -> dict[str, Any]:
     }
 
 
-def _quarantine(q: QuarantineFacts) -> dict[str, Any]:
+def _quarantine(q: QuarantinedRecord) -> dict[str, Any]:
     return {
         "quarantine_id": q.id,
         "reason": q.reason,
@@ -309,7 +263,9 @@ def explain(facts: ExplainFacts) -> Explanation:
     return Explanation(verdicts[0], reasons, evidence)
 
 
-def _resolved(facts: ExplainFacts, evidence: dict[str, Any], late: list[EventFacts]) -> Explanation:
+def _resolved(
+    facts: ExplainFacts, evidence: dict[str, Any], late: list[StoredEvent]
+) -> Explanation:
     wait = facts.wait
     reasons: list[str] = []
     if wait.state == "matched":

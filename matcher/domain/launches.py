@@ -63,7 +63,7 @@ class Launch(BaseModel):
 class Found:
     """The external system has the job: here is its id."""
 
-    job_id: str
+    external_job_id: str
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,9 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from matcher.domain.explain import (
-    EventFacts,
-    ExplainFacts,
-    OutboxFacts,
-    QuarantineFacts,
-    WaitFacts,
-)
+from matcher.domain.events import QuarantinedRecord, StoredEvent
+from matcher.domain.explain import ExplainFacts, OutboxFacts
+from matcher.domain.waits import Wait
 from matcher.store.sql import query
 
 
@@ -41,12 +37,12 @@ async def gather(
         tenants = sorted({w["tenant"] for w in waits})
         if len(tenants) > 1:
             raise AmbiguousRun(tenants)
-        wait = WaitFacts(**waits[0])
+        wait = Wait.model_validate(waits[0])
         params = {"correlation_id": wait.correlation_id}
         await cur.execute(query("explain", "events_by_correlation"), params)
-        events = [EventFacts(**row) for row in await cur.fetchall()]
+        events = [StoredEvent.model_validate(row) for row in await cur.fetchall()]
         await cur.execute(query("explain", "quarantine_by_correlation"), params)
-        quarantined = [QuarantineFacts(**row) for row in await cur.fetchall()]
+        quarantined = [QuarantinedRecord.model_validate(row) for row in await cur.fetchall()]
         await cur.execute(query("explain", "outbox_of_wait"), {"wait_id": wait.id})
         row = await cur.fetchone()
         outbox = OutboxFacts(**row) if row else None

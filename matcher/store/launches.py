@@ -59,18 +59,19 @@ def record_launch(conn: Conn, spec: LaunchSpec) -> Launch:
     return Launch.model_validate(row)
 
 
-def record_job_id(conn: Conn, launch_id: uuid.UUID | str, job_id: str) -> bool:
+def record_job_id(conn: Conn, launch_id: uuid.UUID | str, external_job_id: str) -> bool:
     """Store the external job id on the intent and its wait. True when this call stored it
     (or the same id was stored before); False when a different id is already recorded."""
     with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
         row = cur.execute(
-            query("launches", "record_job_id"), {"id": launch_id, "job_id": job_id}
+            query("launches", "record_job_id"),
+            {"id": launch_id, "external_job_id": external_job_id},
         ).fetchone()
     assert row is not None
     recorded, current, found = row
     if not found:
         raise LookupError(f"no launch {launch_id}")
-    return bool(recorded) or current == job_id
+    return bool(recorded) or current == external_job_id
 
 
 def get_launch(conn: Conn, launch_id: uuid.UUID | str) -> Launch | None:
@@ -89,7 +90,7 @@ class Reconciled:
     launch_id: uuid.UUID
     run_id: str
     answer: str  # found, not_found, unknown, error
-    job_id: str | None = None
+    external_job_id: str | None = None
     detail: str = ""
 
 
@@ -146,7 +147,7 @@ async def reconcile(
                         "id": launch.id,
                         "actor": actor,
                         "answer": "error",
-                        "job_id": None,
+                        "external_job_id": None,
                         "detail": detail,
                     },
                 )
@@ -154,9 +155,10 @@ async def reconcile(
                 continue
             if isinstance(answer, Found):
                 cur.execute(
-                    query("launches", "reconcile_found"), {"id": launch.id, "job_id": answer.job_id}
+                    query("launches", "reconcile_found"),
+                    {"id": launch.id, "external_job_id": answer.external_job_id},
                 )
-                record = Reconciled(launch.id, launch.run_id, "found", answer.job_id)
+                record = Reconciled(launch.id, launch.run_id, "found", answer.external_job_id)
             elif isinstance(answer, NotFound):
                 cur.execute(query("launches", "reconcile_not_found"), {"id": launch.id})
                 cancel_wait(conn, launch.wait_id)
@@ -170,7 +172,7 @@ async def reconcile(
                     "id": launch.id,
                     "actor": actor,
                     "answer": record.answer,
-                    "job_id": record.job_id,
+                    "external_job_id": record.external_job_id,
                     "detail": record.detail or None,
                 },
             )

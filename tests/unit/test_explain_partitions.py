@@ -14,10 +14,10 @@ from matcher.domain.explain import (
     PARTITIONERS,
     ExplainFacts,
     Verdict,
-    WaitFacts,
     explain,
     rfc3339,
 )
+from matcher.domain.waits import Wait, WaitState
 from matcher.kafka.lag import (
     crc32_partition,
     event_key,
@@ -29,8 +29,8 @@ from matcher.kafka.lag import (
 NOW = datetime(2026, 12, 1, 8, 14, 37, 499328, tzinfo=UTC)
 
 
-def _wait() -> WaitFacts:
-    return WaitFacts(
+def _wait() -> Wait:
+    return Wait(
         id=uuid.uuid4(),
         tenant="acme",
         run_id="run-7",
@@ -38,7 +38,8 @@ def _wait() -> WaitFacts:
         event_types=["job.completed"],
         correlation_id="job-42",
         deadline=None,
-        state="waiting",
+        external_job_id=None,
+        state=WaitState.WAITING,
         created_at=NOW - timedelta(minutes=1),
         resolved_at=None,
         resolution=None,

@@ -8,16 +8,17 @@ ORDER BY position DESC, created_at DESC
 LIMIT 50;
 
 -- name: events_by_correlation
-SELECT producer, event_id, tenant, type, correlation_id, status, consumed_by, late_for,
-       received_at, kafka_topic, kafka_partition, kafka_offset
+SELECT producer, event_id, tenant, type, correlation_id, external_job_id, occurred_at,
+       received_at, kafka_topic, kafka_partition, kafka_offset, data, status,
+       consumed_by, late_for
 FROM matcher.inbox
 WHERE correlation_id = %(correlation_id)s
 ORDER BY received_at, producer, event_id
 LIMIT 200;
 
 -- name: quarantine_by_correlation
-SELECT id, reason, detail, producer, event_id, tenant, type, received_at, kafka_partition,
-       kafka_offset, replayed_at
+SELECT id, received_at, kafka_topic, kafka_partition, kafka_offset, reason, detail,
+       producer, event_id, tenant, type, correlation_id, replayed_at, replay_result
 FROM matcher.quarantine
 WHERE correlation_id = %(correlation_id)s
 ORDER BY id

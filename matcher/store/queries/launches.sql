@@ -33,16 +33,16 @@ SELECT * FROM matcher.launches WHERE id = %(id)s;
 -- The first job id recorded wins; recording the same one again is a no-op that succeeds.
 WITH launch AS (
     UPDATE matcher.launches
-    SET external_job_id = %(job_id)s, state = 'submitted', updated_at = now()
+    SET external_job_id = %(external_job_id)s, state = 'submitted', updated_at = now()
     WHERE id = %(id)s AND state = 'intent'
     RETURNING id, wait_id
 ), wait AS (
-    UPDATE matcher.waits AS w SET external_job_id = %(job_id)s
+    UPDATE matcher.waits AS w SET external_job_id = %(external_job_id)s
     FROM launch WHERE w.id = launch.wait_id
     RETURNING w.id
 ), audit AS (
     INSERT INTO matcher.launch_audit (launch_id, actor, answer, external_job_id)
-    SELECT id, 'worker', 'submitted', %(job_id)s FROM launch
+    SELECT id, 'worker', 'submitted', %(external_job_id)s FROM launch
 )
 SELECT (SELECT count(*) FROM launch) AS recorded,
        (SELECT external_job_id FROM matcher.launches WHERE id = %(id)s) AS current_job_id,
@@ -61,12 +61,12 @@ SELECT * FROM matcher.launches WHERE id = %(id)s AND state = 'intent' FOR UPDATE
 -- name: reconcile_found
 WITH launch AS (
     UPDATE matcher.launches
-    SET external_job_id = %(job_id)s, state = 'reconciled', updated_at = now(),
+    SET external_job_id = %(external_job_id)s, state = 'reconciled', updated_at = now(),
         reconcile_attempts = reconcile_attempts + 1
     WHERE id = %(id)s
     RETURNING wait_id
 )
-UPDATE matcher.waits AS w SET external_job_id = %(job_id)s FROM launch WHERE w.id = launch.wait_id;
+UPDATE matcher.waits AS w SET external_job_id = %(external_job_id)s FROM launch WHERE w.id = launch.wait_id;
 
 -- name: reconcile_not_found
 UPDATE matcher.launches
@@ -80,7 +80,7 @@ WHERE id = %(id)s;
 
 -- name: audit
 INSERT INTO matcher.launch_audit (launch_id, actor, answer, external_job_id, detail)
-VALUES (%(id)s, %(actor)s, %(answer)s, %(job_id)s, %(detail)s);
+VALUES (%(id)s, %(actor)s, %(answer)s, %(external_job_id)s, %(detail)s);
 
 -- name: audit_of
 SELECT at, actor, answer, external_job_id, detail FROM matcher.launch_audit
