@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import psycopg
-from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -97,8 +97,24 @@ def create_app(state: AdminState) -> FastAPI:
         "and `explain` for any run. `/v1/*` takes `Authorization: Bearer <token>` when "
         "MATCHER_ADMIN_TOKEN is set.",
     )
+    app.include_router(_operations(state))
+    app.include_router(_inspection(state, [Depends(_bearer_check(state.settings))]))
+    _handle_database_errors(app)
+    return app
+
+
+# The error bodies every /v1 route may answer with, for the OpenAPI document.
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": Problem},
+    404: {"model": Problem},
+    409: {"model": Problem},
+}
+
+
+def _bearer_check(settings: Settings) -> Callable[..., Awaitable[None]]:
+    """The /v1 dependency: the bearer token, compared in constant time (none if unset)."""
     bearer = HTTPBearer(auto_error=False)
-    token = state.settings.admin_token
+    token = settings.admin_token
 
     async def authorised(
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
@@ -111,28 +127,19 @@ def create_app(state: AdminState) -> FastAPI:
                 401, "a valid bearer token is required", {"WWW-Authenticate": "Bearer"}
             )
 
-    v1 = [Depends(authorised)]
-    errors: dict[int | str, dict[str, Any]] = {
-        401: {"model": Problem},
-        404: {"model": Problem},
-        409: {"model": Problem},
-    }
+    return authorised
 
-    async def rows(name: View, params: dict[str, Any]) -> list[dict[str, Any]]:
-        async with state.pool.connection() as conn:
-            return [_in_utc(row) for row in await view_rows_async(conn, name, params)]
 
-    @app.get("/healthz", response_model=Health, tags=["operations"])
+def _operations(state: AdminState) -> APIRouter:
+    """Health, readiness and metrics: open, for probes and scrapers."""
+    router = APIRouter(tags=["operations"])
+
+    @router.get("/healthz", response_model=Health)
     async def healthz() -> Health:
         """Alive: the process answers."""
         return Health(status="ok")
 
-    @app.get(
-        "/readyz",
-        response_model=Readiness,
-        responses={503: {"model": Readiness}},
-        tags=["operations"],
-    )
+    @router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
     async def readyz() -> Any:
         """Ready: Postgres and Kafka reachable, partitions of the events topic assigned."""
         try:
@@ -151,17 +158,27 @@ def create_app(state: AdminState) -> FastAPI:
         )
         return JSONResponse(body.model_dump(), status_code=200 if body.ready else 503)
 
-    @app.get("/metrics", tags=["operations"], response_class=Response)
+    @router.get("/metrics", response_class=Response)
     async def prometheus_metrics() -> Response:
         """Prometheus exposition format."""
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get(
+    return router
+
+
+def _inspection(state: AdminState, v1: list[Any]) -> APIRouter:
+    """The /v1 read-only views and explain, behind the bearer check ``v1``."""
+    router = APIRouter(tags=["inspect"])
+
+    async def rows(name: View, params: dict[str, Any]) -> list[dict[str, Any]]:
+        async with state.pool.connection() as conn:
+            return [_in_utc(row) for row in await view_rows_async(conn, name, params)]
+
+    @router.get(
         "/v1/runs/{run_id}/explain",
         response_model=ExplainResponse,
         dependencies=v1,
-        responses=errors,
-        tags=["inspect"],
+        responses=_ERRORS,
     )
     async def explain_endpoint(
         run_id: Annotated[str, Path(max_length=512, pattern=IDENT_PATTERN)],
@@ -184,17 +201,13 @@ def create_app(state: AdminState) -> FastAPI:
                 raise HTTPException(409, f"{exc}: give ?tenant=") from None
         return ExplainResponse(**explanation_body(run_id, explanation))
 
-    @app.get(
-        "/v1/waits", response_model=WaitsPage, dependencies=v1, responses=errors, tags=["inspect"]
-    )
+    @router.get("/v1/waits", response_model=WaitsPage, dependencies=v1, responses=_ERRORS)
     async def list_waits(filters: Annotated[WaitFilters, Query()]) -> WaitsPage:
         """Waits, newest first."""
         items, next_offset = page(await rows("waits", filters.params()), filters)
         return WaitsPage(items=[Wait.model_validate(r) for r in items], next_offset=next_offset)
 
-    @app.get(
-        "/v1/events", response_model=EventsPage, dependencies=v1, responses=errors, tags=["inspect"]
-    )
+    @router.get("/v1/events", response_model=EventsPage, dependencies=v1, responses=_ERRORS)
     async def list_events(filters: Annotated[EventFilters, Query()]) -> EventsPage:
         """Stored events, newest first."""
         items, next_offset = page(await rows("events", filters.params()), filters)
@@ -202,19 +215,19 @@ def create_app(state: AdminState) -> FastAPI:
             items=[StoredEvent.model_validate(r) for r in items], next_offset=next_offset
         )
 
-    @app.get(
-        "/v1/quarantine",
-        response_model=QuarantinePage,
-        dependencies=v1,
-        responses=errors,
-        tags=["inspect"],
-    )
+    @router.get("/v1/quarantine", response_model=QuarantinePage, dependencies=v1, responses=_ERRORS)
     async def list_quarantine(filters: Annotated[QuarantineFilters, Query()]) -> QuarantinePage:
         """Quarantined records, newest first (raw bytes are not served here)."""
         items, next_offset = page(await rows("quarantine", filters.params()), filters)
         return QuarantinePage(
             items=[QuarantinedRecord.model_validate(r) for r in items], next_offset=next_offset
         )
+
+    return router
+
+
+def _handle_database_errors(app: FastAPI) -> None:
+    """A database that is down or not migrated is a 503 with a sentence, not a 500."""
 
     @app.exception_handler(psycopg.OperationalError)
     async def database_unavailable(request: Request, exc: psycopg.OperationalError) -> JSONResponse:
@@ -226,5 +239,3 @@ def create_app(state: AdminState) -> FastAPI:
             {"detail": "the database has no matcher schema: run `matcher migrate`"},
             status_code=503,
         )
-
-    return app

@@ -146,121 +146,175 @@ def _age(now: datetime, then: datetime) -> float:
 
 def explain(facts: ExplainFacts) -> Explanation:
     wait = facts.wait
-    evidence: dict[str, Any] = {
-        "wait": {
-            "id": wait.id,
-            "tenant": wait.tenant,
-            "run_id": wait.run_id,
-            "position": wait.position,
-            "event_types": wait.event_types,
-            "correlation_id": wait.correlation_id,
-            "external_job_id": wait.external_job_id,
-            "deadline": wait.deadline,
-            "state": wait.state,
-            "created_at": wait.created_at,
-            "resolved_at": wait.resolved_at,
-        }
-    }
+    evidence: dict[str, Any] = {"wait": _wait_evidence(wait)}
     late = [e for e in facts.events if e.late_for == wait.id]
     if late:
         evidence["late_events"] = [_event(e) for e in late]
     if wait.state != "waiting":
         return _resolved(facts, evidence, late)
+    found = _Findings(evidence)
+    # In order of precedence: the first verdict found is the verdict.
+    _sweeper_behind(facts, found)
+    _rematch_pending(facts, found)
+    _mismatches(facts, found)
+    _lag_on_key_partitions(facts, found)
+    _arrivals(facts, late, found)
+    if not found.verdicts:
+        within = (
+            f"within its deadline ({rfc3339(wait.deadline)})" if wait.deadline else "no deadline"
+        )
+        found.add(Verdict.WAITING, f"waiting, {within}; nothing is wrong")
+    return Explanation(found.verdicts[0], found.reasons, evidence)
 
-    reasons: list[str] = []
-    verdicts: list[Verdict] = []
-    if wait.deadline is not None and wait.deadline <= facts.now:
-        behind = _age(facts.now, wait.deadline)
-        reasons.append(f"the deadline passed {behind}s ago but the sweeper has not timed it out")
-        evidence["sweeper_behind_s"] = behind
-        verdicts.append(Verdict.BACKLOG)
 
-    if facts.rematch_queued_since is not None:
-        queued = max(0.0, _age(facts.now, facts.rematch_queued_since))
-        evidence["rematch_queued_s"] = queued
-        matching = [
-            e
-            for e in facts.events
-            if e.status == "pending" and e.tenant == wait.tenant and e.type in wait.event_types
-        ]
-        if matching:  # only then is the pass what the wait is waiting for
-            reasons.append(
-                f"{len(matching)} stored event(s) match, but the wait has not been checked "
-                f"against stored events yet: queued for the daemon's rematch pass {queued}s ago"
-            )
-            verdicts.append(Verdict.BACKLOG)
+@dataclass
+class _Findings:
+    """What explain found about a waiting wait so far: verdicts in order of precedence,
+    every reason (a verdict's and the ones that are only worth saying), the evidence."""
 
+    evidence: dict[str, Any]
+    reasons: list[str] = field(default_factory=list)
+    verdicts: list[Verdict] = field(default_factory=list)
+
+    def add(self, verdict: Verdict | None, reason: str) -> None:
+        self.reasons.append(reason)
+        if verdict is not None:
+            self.verdicts.append(verdict)
+
+
+def _wait_evidence(wait: Wait) -> dict[str, Any]:
+    return {
+        "id": wait.id,
+        "tenant": wait.tenant,
+        "run_id": wait.run_id,
+        "position": wait.position,
+        "event_types": wait.event_types,
+        "correlation_id": wait.correlation_id,
+        "external_job_id": wait.external_job_id,
+        "deadline": wait.deadline,
+        "state": wait.state,
+        "created_at": wait.created_at,
+        "resolved_at": wait.resolved_at,
+    }
+
+
+def _sweeper_behind(facts: ExplainFacts, found: _Findings) -> None:
+    deadline = facts.wait.deadline
+    if deadline is not None and deadline <= facts.now:
+        behind = _age(facts.now, deadline)
+        found.evidence["sweeper_behind_s"] = behind
+        found.add(
+            Verdict.BACKLOG,
+            f"the deadline passed {behind}s ago but the sweeper has not timed it out",
+        )
+
+
+def _rematch_pending(facts: ExplainFacts, found: _Findings) -> None:
+    if facts.rematch_queued_since is None:
+        return
+    wait = facts.wait
+    queued = max(0.0, _age(facts.now, facts.rematch_queued_since))
+    found.evidence["rematch_queued_s"] = queued
+    matching = [
+        e
+        for e in facts.events
+        if e.status == "pending" and e.tenant == wait.tenant and e.type in wait.event_types
+    ]
+    if matching:  # only then is the pass what the wait is waiting for
+        found.add(
+            Verdict.BACKLOG,
+            f"{len(matching)} stored event(s) match, but the wait has not been checked "
+            f"against stored events yet: queued for the daemon's rematch pass {queued}s ago",
+        )
+
+
+def _mismatches(facts: ExplainFacts, found: _Findings) -> None:
+    mismatches = [*_event_mismatches(facts, found), *_quarantined(facts, found)]
+    if mismatches:
+        found.evidence["mismatches"] = mismatches
+        found.verdicts.append(Verdict.MISMATCH)
+
+
+def _event_mismatches(facts: ExplainFacts, found: _Findings) -> list[dict[str, Any]]:
+    wait = facts.wait
     mismatches: list[dict[str, Any]] = []
     for e in facts.events:
         if e.consumed_by is not None or e.late_for is not None:
             continue  # accounted for by some wait
         if e.tenant != wait.tenant:
-            reasons.append(
+            found.add(
+                None,
                 f"event {e.producer}/{e.event_id} has this correlation id but tenant "
-                f"{e.tenant!r}, not {wait.tenant!r}"
+                f"{e.tenant!r}, not {wait.tenant!r}",
             )
             mismatches.append({**_event(e), "differs": "tenant"})
         elif e.type not in wait.event_types:
-            reasons.append(
+            found.add(
+                None,
                 f"event {e.producer}/{e.event_id} has type {e.type!r}; the wait accepts "
-                f"{', '.join(wait.event_types)}"
+                f"{', '.join(wait.event_types)}",
             )
             mismatches.append({**_event(e), "differs": "type"})
+    return mismatches
+
+
+def _quarantined(facts: ExplainFacts, found: _Findings) -> list[dict[str, Any]]:
+    mismatches: list[dict[str, Any]] = []
     for q in facts.quarantined:
         if q.replayed_at is not None:
             continue
         words = _QUARANTINE_WORDS.get(q.reason, q.reason).format(
             p=repr(q.producer), t=repr(q.tenant), y=repr(q.type)
         )
-        reasons.append(
+        found.add(
+            None,
             f"a message with this correlation id (partition {q.kafka_partition}, offset "
-            f"{q.kafka_offset}) was quarantined (#{q.id}, {q.reason}): {words}"
+            f"{q.kafka_offset}) was quarantined (#{q.id}, {q.reason}): {words}",
         )
         mismatches.append({**_quarantine(q), "differs": q.reason})
-    if mismatches:
-        evidence["mismatches"] = mismatches
-        verdicts.append(Verdict.MISMATCH)
+    return mismatches
 
-    if facts.lag is None:
-        reasons.append(f"consumer lag unknown: {facts.lag_unknown_because}")
+
+def _lag_on_key_partitions(facts: ExplainFacts, found: _Findings) -> None:
+    lag = facts.lag
+    if lag is None:
+        found.add(None, f"consumer lag unknown: {facts.lag_unknown_because}")
     else:
-        evidence["consumer_lag"] = {str(p): n for p, n in sorted(facts.lag.items())}
-    if facts.partitions:
-        by_partition: dict[int, list[str]] = {}
-        for partitioner, partition in facts.partitions.items():
-            by_partition.setdefault(partition, []).append(partitioner)
-        evidence["key_partitions"] = [
-            {
-                "partition": partition,
-                "partitioners": names,
-                "lag": None if facts.lag is None else facts.lag.get(partition, 0),
-            }
-            for partition, names in sorted(by_partition.items())
-        ]
-        for partition, names in sorted(by_partition.items()):
-            behind = 0 if facts.lag is None else facts.lag.get(partition, 0)
-            if behind > 0:
-                which = " and ".join(PARTITIONERS.get(n, n) for n in names)
-                verb = "puts" if len(names) == 1 else "put"
-                reasons.append(
-                    f"consumer lag on partition {partition}, where {which} {verb} this "
-                    f"wait's key: {behind} message(s) not yet read"
-                )
-                verdicts.append(Verdict.BACKLOG)
+        found.evidence["consumer_lag"] = {str(p): n for p, n in sorted(lag.items())}
+    if not facts.partitions:
+        return
+    by_partition: dict[int, list[str]] = {}
+    for partitioner, partition in facts.partitions.items():
+        by_partition.setdefault(partition, []).append(partitioner)
+    found.evidence["key_partitions"] = [
+        {
+            "partition": partition,
+            "partitioners": names,
+            "lag": None if lag is None else lag.get(partition, 0),
+        }
+        for partition, names in sorted(by_partition.items())
+    ]
+    for partition, names in sorted(by_partition.items()):
+        behind = 0 if lag is None else lag.get(partition, 0)
+        if behind > 0:
+            which = " and ".join(PARTITIONERS.get(n, n) for n in names)
+            verb = "puts" if len(names) == 1 else "put"
+            found.add(
+                Verdict.BACKLOG,
+                f"consumer lag on partition {partition}, where {which} {verb} this "
+                f"wait's key: {behind} message(s) not yet read",
+            )
 
+
+def _arrivals(facts: ExplainFacts, late: list[StoredEvent], found: _Findings) -> None:
     related = [e for e in facts.events if e not in late]
     if not facts.events and not facts.quarantined:
-        reasons.append(f"nothing with correlation id {wait.correlation_id!r} has arrived")
-        verdicts.append(Verdict.MISSING_SIGNAL)
-    elif related:
-        evidence["related_events"] = [_event(e) for e in related]
-    if not verdicts:
-        within = (
-            f"within its deadline ({rfc3339(wait.deadline)})" if wait.deadline else "no deadline"
+        found.add(
+            Verdict.MISSING_SIGNAL,
+            f"nothing with correlation id {facts.wait.correlation_id!r} has arrived",
         )
-        reasons.append(f"waiting, {within}; nothing is wrong")
-        verdicts.append(Verdict.WAITING)
-    return Explanation(verdicts[0], reasons, evidence)
+    elif related:
+        found.evidence["related_events"] = [_event(e) for e in related]
 
 
 def _resolved(
