@@ -146,7 +146,11 @@ class Env:
         return name
 
 
-def signed_events(count: int) -> list[tuple[str, bytes, list[tuple[str, bytes]], bytes]]:
+SignedEvent = tuple[str, bytes, list[tuple[str, bytes]], bytes]  # correlation, key, headers, value
+Step = Callable[[str], None]  # advances the progress bar, with what was just measured
+
+
+def signed_events(count: int) -> list[SignedEvent]:
     """(correlation id, key, headers, value) of ``count`` signed binary-mode events."""
     key = [SigningKey.parse("k1", SECRET)]
     out = []
@@ -536,18 +540,142 @@ def _median(values: list[float]) -> float:
     return float(statistics.median(values))
 
 
+@dataclass
+class Workload:
+    """The signed events on their topics, produced once and read by every measurement."""
+
+    events: list[SignedEvent]
+    topic: str
+    naive_events: list[SignedEvent]  # a prefix of ``events``: the naive design is slow
+    naive_topic: str
+    records: list[Any]  # as a consumer sees them, for the no-Kafka measurement
+
+
+def _machine() -> dict[str, Any]:
+    return {
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+async def _prepare_workload(env: Env, plan: Plan) -> Workload:
+    events = signed_events(plan.n)
+    topic = await env.topic("events")
+    await produce_all(env, topic, events)
+    naive_events = events[: plan.naive_n]
+    naive_topic = await env.topic("events")
+    await produce_all(env, naive_topic, naive_events)
+    records: list[Any] = []
+    await consume(env, topic, plan.n, lambda _c, rs: _collect(records, rs))
+    return Workload(events, topic, naive_events, naive_topic, records)
+
+
+async def _throughput_repetition(
+    env: Env, plan: Plan, work: Workload, runs: dict[str, list[float]]
+) -> None:
+    """One of every throughput figure, appended to ``runs``."""
+    runs.setdefault("r_kafka", []).append(await r_kafka(env, work.topic, plan.n))
+    runs.setdefault("r_pg", []).append(await r_pg(env, work.records))
+    runs.setdefault("r_pipe", []).append(await r_pipe(env, work.topic, plan.n))
+    runs.setdefault("r_naive", []).append(
+        await r_naive(env, work.naive_topic, work.naive_events, plan.naive_n)
+    )
+    rate, rss = await r_matcher(env, work.topic, work.events)
+    runs.setdefault("r_matcher", []).append(rate)
+    runs.setdefault("rss_bytes", []).append(float(rss))
+    runs.setdefault("r_dbos", []).append(r_dbos(env, plan.dbos_n))
+    for daemons in (2, 3):
+        rate, rss = await r_matcher(env, work.topic, work.events, daemons=daemons)
+        runs.setdefault(f"r_matcher_{daemons}_daemons", []).append(rate)
+        runs["rss_bytes"].append(float(rss))
+
+
+async def _measure_throughput(
+    env: Env, plan: Plan, work: Workload, runs: dict[str, list[float]], step: Step
+) -> None:
+    # Warm-up (not recorded), then the repetitions, interleaved so drift hits all alike.
+    await r_kafka(env, work.topic, plan.n)
+    await r_matcher(env, work.topic, work.events[: plan.n // 4])
+    for _ in range(plan.reps):
+        await _throughput_repetition(env, plan, work, runs)
+        step(f"throughput, repetition {len(runs['r_kafka'])} of {plan.reps}")
+
+
+async def _measure_latency(
+    env: Env, plan: Plan, runs: dict[str, list[float]], samples: dict[str, list[float]], step: Step
+) -> None:
+    """Latency percentiles at each of the plan's rates; the last repetition's samples kept
+    for the plot."""
+    for rate in plan.rates:
+        found = [await latency(env, rate, plan.latency_s) for _ in range(plan.reps)]
+        for k in ("p50_ms", "p95_ms", "p99_ms"):
+            runs.setdefault(f"latency_{rate}_{k}", []).extend(f[k] for f in found)
+        samples[str(rate)] = found[-1]["samples_ms"]
+        lost = sum(f["sent"] - f["received"] for f in found)
+        if lost:
+            raise RuntimeError(f"{lost} resumes missing at {rate}/s")
+        step(f"latency at {rate}/s")
+
+
+async def _measure_scale(
+    env: Env, plan: Plan, work: Workload, runs: dict[str, list[float]], step: Step
+) -> None:
+    """Throughput and p99 latency with each of the plan's numbers of waits already stored."""
+    for rows in plan.scale:
+        for _ in range(plan.reps):
+            rate, _rss = await r_matcher(env, work.topic, work.events, preload_rows=rows)
+            runs.setdefault(f"scale_{rows}_r_matcher", []).append(rate)
+        step(f"scale {rows:,}: throughput")
+        found = [
+            await latency(env, plan.rates[0], plan.latency_s, preload_rows=rows)
+            for _ in range(plan.reps)
+        ]
+        runs.setdefault(f"scale_{rows}_p99_ms", []).extend(f["p99_ms"] for f in found)
+        step(f"scale {rows:,}: latency")
+
+
+def _figures(runs: dict[str, list[float]], samples: dict[str, list[float]]) -> dict[str, Any]:
+    figures: dict[str, Any] = {k: _median(v) for k, v in runs.items()}
+    figures["rss_peak_bytes"] = max(runs["rss_bytes"])
+    figures["latency_samples_ms"] = samples
+    return figures
+
+
+def _ratios(plan: Plan, figures: dict[str, Any]) -> dict[str, float]:
+    m = figures["r_matcher"]
+    biggest = max(plan.scale)
+    return {
+        "matcher_over_pipe": m / figures["r_pipe"],
+        "matcher_over_min_kafka_pg": m / min(figures["r_kafka"], figures["r_pg"]),
+        "matcher_over_naive": m / figures["r_naive"],
+        "matcher_over_dbos": m / figures["r_dbos"],
+        "matcher_2_daemons_over_1": figures["r_matcher_2_daemons"] / m,
+        "matcher_3_daemons_over_1": figures["r_matcher_3_daemons"] / m,
+        f"scale_{biggest}_over_0": (
+            figures[f"scale_{biggest}_r_matcher"] / figures["scale_0_r_matcher"]
+        ),
+    }
+
+
+def _targets(plan: Plan, figures: dict[str, Any], ratios: dict[str, float]) -> dict[str, bool]:
+    biggest = max(plan.scale)
+    return {
+        "r_matcher >= 0.5 x r_pipe": ratios["matcher_over_pipe"] >= 0.5,
+        "r_matcher >= 0.25 x min(r_kafka, r_pg)": ratios["matcher_over_min_kafka_pg"] >= 0.25,
+        "r_matcher >= 10 x r_naive": ratios["matcher_over_naive"] >= 10,
+        "r_matcher >= 20 x r_dbos": ratios["matcher_over_dbos"] >= 20,
+        "p99 <= 50 ms at 500/s": figures.get("latency_500_p99_ms", 1e9) <= 50,
+        "p99 <= 200 ms at 2000/s": figures.get("latency_2000_p99_ms", 1e9) <= 200,
+        f"r_matcher with {biggest:,} rows >= 0.8 x empty": ratios[f"scale_{biggest}_over_0"] >= 0.8,
+        "daemon peak RSS <= 200 MB": figures["rss_peak_bytes"] <= 200 * 1024 * 1024,
+    }
+
+
 async def run(plan: Plan, out_dir: Path) -> Path:
     env = Env()
     env.setup()
-    results = Results(
-        plan=asdict(plan),
-        machine={
-            "cpus": os.cpu_count(),
-            "python": sys.version.split()[0],
-            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        },
-    )
-    runs = results.runs
+    results = Results(plan=asdict(plan), machine=_machine())
     samples: dict[str, list[float]] = {}
     try:
         steps = 6 + 2 + len(plan.scale) * 2
@@ -557,87 +685,16 @@ async def run(plan: Plan, out_dir: Path) -> Path:
             def step(text: str) -> None:
                 progress.update(task, advance=1, description=text)
 
-            events = signed_events(plan.n)
-            topic = await env.topic("events")
-            await produce_all(env, topic, events)
-            naive_events = events[: plan.naive_n]
-            naive_topic = await env.topic("events")
-            await produce_all(env, naive_topic, naive_events)
-            # Records as a consumer sees them, for the no-Kafka measurement.
-            records: list[Any] = []
-            await consume(env, topic, plan.n, lambda _c, rs: _collect(records, rs))
-
-            # Warm-up (not recorded), then the repetitions, interleaved so drift hits all alike.
-            await r_kafka(env, topic, plan.n)
-            await r_matcher(env, topic, events[: plan.n // 4])
-            for _ in range(plan.reps):
-                runs.setdefault("r_kafka", []).append(await r_kafka(env, topic, plan.n))
-                runs.setdefault("r_pg", []).append(await r_pg(env, records))
-                runs.setdefault("r_pipe", []).append(await r_pipe(env, topic, plan.n))
-                runs.setdefault("r_naive", []).append(
-                    await r_naive(env, naive_topic, naive_events, plan.naive_n)
-                )
-                rate, rss = await r_matcher(env, topic, events)
-                runs.setdefault("r_matcher", []).append(rate)
-                runs.setdefault("rss_bytes", []).append(float(rss))
-                runs.setdefault("r_dbos", []).append(r_dbos(env, plan.dbos_n))
-                for daemons in (2, 3):
-                    rate, rss = await r_matcher(env, topic, events, daemons=daemons)
-                    runs.setdefault(f"r_matcher_{daemons}_daemons", []).append(rate)
-                    runs["rss_bytes"].append(float(rss))
-                step(f"throughput, repetition {len(runs['r_kafka'])} of {plan.reps}")
-            for rate in plan.rates:
-                found = [await latency(env, rate, plan.latency_s) for _ in range(plan.reps)]
-                for k in ("p50_ms", "p95_ms", "p99_ms"):
-                    runs.setdefault(f"latency_{rate}_{k}", []).extend(f[k] for f in found)
-                samples[str(rate)] = found[-1]["samples_ms"]
-                lost = sum(f["sent"] - f["received"] for f in found)
-                if lost:
-                    raise RuntimeError(f"{lost} resumes missing at {rate}/s")
-                step(f"latency at {rate}/s")
-            for rows in plan.scale:
-                for _ in range(plan.reps):
-                    rate, _rss = await r_matcher(env, topic, events, preload_rows=rows)
-                    runs.setdefault(f"scale_{rows}_r_matcher", []).append(rate)
-                step(f"scale {rows:,}: throughput")
-                found = [
-                    await latency(env, plan.rates[0], plan.latency_s, preload_rows=rows)
-                    for _ in range(plan.reps)
-                ]
-                runs.setdefault(f"scale_{rows}_p99_ms", []).extend(f["p99_ms"] for f in found)
-                step(f"scale {rows:,}: latency")
+            work = await _prepare_workload(env, plan)
+            await _measure_throughput(env, plan, work, results.runs, step)
+            await _measure_latency(env, plan, results.runs, samples, step)
+            await _measure_scale(env, plan, work, results.runs, step)
     finally:
         await env.cleanup()
 
-    figures: dict[str, Any] = {k: _median(v) for k, v in runs.items()}
-    figures["rss_peak_bytes"] = max(runs["rss_bytes"])
-    results.figures = figures
-    figures["latency_samples_ms"] = samples
-    m = figures["r_matcher"]
-    results.ratios = {
-        "matcher_over_pipe": m / figures["r_pipe"],
-        "matcher_over_min_kafka_pg": m / min(figures["r_kafka"], figures["r_pg"]),
-        "matcher_over_naive": m / figures["r_naive"],
-        "matcher_over_dbos": m / figures["r_dbos"],
-        "matcher_2_daemons_over_1": figures["r_matcher_2_daemons"] / m,
-        "matcher_3_daemons_over_1": figures["r_matcher_3_daemons"] / m,
-    }
-    biggest = max(plan.scale)
-    results.ratios[f"scale_{biggest}_over_0"] = (
-        figures[f"scale_{biggest}_r_matcher"] / figures["scale_0_r_matcher"]
-    )
-    results.targets = {
-        "r_matcher >= 0.5 x r_pipe": results.ratios["matcher_over_pipe"] >= 0.5,
-        "r_matcher >= 0.25 x min(r_kafka, r_pg)": results.ratios["matcher_over_min_kafka_pg"]
-        >= 0.25,
-        "r_matcher >= 10 x r_naive": results.ratios["matcher_over_naive"] >= 10,
-        "r_matcher >= 20 x r_dbos": results.ratios["matcher_over_dbos"] >= 20,
-        "p99 <= 50 ms at 500/s": figures.get("latency_500_p99_ms", 1e9) <= 50,
-        "p99 <= 200 ms at 2000/s": figures.get("latency_2000_p99_ms", 1e9) <= 200,
-        f"r_matcher with {biggest:,} rows >= 0.8 x empty": results.ratios[f"scale_{biggest}_over_0"]
-        >= 0.8,
-        "daemon peak RSS <= 200 MB": figures["rss_peak_bytes"] <= 200 * 1024 * 1024,
-    }
+    results.figures = _figures(results.runs, samples)
+    results.ratios = _ratios(plan, results.figures)
+    results.targets = _targets(plan, results.figures, results.ratios)
     from bench.report import write_reports
 
     return write_reports(results.__dict__, out_dir)

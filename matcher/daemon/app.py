@@ -12,6 +12,8 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from aiokafka.admin import AIOKafkaAdminClient
 from psycopg_pool import AsyncConnectionPool
@@ -114,87 +116,127 @@ async def _supervise(stop: asyncio.Event, tasks: list[asyncio.Task[None]], grace
         raise LoopFailed(", ".join(t.get_name() for t in failed))
 
 
-async def run(
-    settings: Settings, stop: asyncio.Event | None = None, *, handle_signals: bool = True
-) -> None:
-    """Run until ``stop`` is set or (with ``handle_signals``) SIGTERM/SIGINT arrives."""
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    signals = (signal.SIGTERM, signal.SIGINT) if handle_signals else ()
-    for sig in signals:
-        loop.add_signal_handler(sig, stop.set)
+def _refuse_unauthenticated(settings: Settings) -> None:
     if settings.producers_file is None and not settings.allow_unsigned:
         raise StartupError(
             "MATCHER_PRODUCERS_FILE is not set: without it no event can be authenticated "
             "(set MATCHER_ALLOW_UNSIGNED=true to accept unsigned events in local development)"
         )
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop: asyncio.Event, enabled: bool) -> Iterator[None]:
+    """SIGTERM and SIGINT set ``stop`` while the block runs (if ``enabled``)."""
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGTERM, signal.SIGINT) if enabled else ()
+    for sig in signals:
+        loop.add_signal_handler(sig, stop.set)
     try:
-        pool = await _open_pool(settings)
-        try:
-            missing = await _check_kafka(settings)
-            if missing:
-                raise StartupError(
-                    f"topics {', '.join(missing)} do not exist: run `matcher migrate` first"
-                )
-            await _warn_on_create_time(settings)
-            registry = RegistryHolder(settings)
-            try:
-                registry.load_initial()
-            except RegistryError as exc:
-                raise StartupError(str(exc)) from exc
-            if settings.allow_unsigned:
-                log.warning(
-                    "MATCHER_ALLOW_UNSIGNED is set: events WITHOUT SIGNATURES are accepted. "
-                    "This is for local development only; never run production like this."
-                )
-            relay = Relay(settings, pool, stop)
-            ingest = Ingest(settings, pool, stop, on_resolved=relay.nudge, registry=registry)
-            rematch = Rematch(settings, pool, stop, on_resolved=relay.nudge)
-            sweeper = Sweeper(settings, pool, stop, on_resolved=relay.nudge)
-            wake = {"matcher_outbox": relay.nudge, "matcher_match": rematch.nudge}
-            janitor = Janitor(settings, pool, stop)
-            admin = AdminServer(
-                AdminState(
-                    settings=settings,
-                    pool=pool,
-                    assigned_partitions=ingest.assigned_partitions,
-                    kafka_reachable=ingest.kafka_reachable,
-                ),
-                *settings.admin_host_port(),
-            )
-            tasks = [
-                asyncio.create_task(admin.run(stop), name="admin"),
-                asyncio.create_task(stats.run(pool, stop, settings.stats_interval_s), name="stats"),
-                asyncio.create_task(ingest.run(), name="ingest"),
-                asyncio.create_task(relay.run(), name="relay"),
-                asyncio.create_task(rematch.run(), name="rematch"),
-                asyncio.create_task(sweeper.run(), name="sweeper"),
-                asyncio.create_task(janitor.run(), name="janitor"),
-                asyncio.create_task(registry.watch(stop), name="registry"),
-            ]
-            log.info(
-                "matcher ready",
-                extra={
-                    "kafka": settings.kafka_bootstrap_servers,
-                    "events_topic": settings.events_topic,
-                    "resume_topic": settings.resume_topic,
-                    "group": settings.consumer_group,
-                },
-            )
-            # Wake-ups only; not supervised (it reconnects on its own, and the loops poll).
-            listener = asyncio.create_task(
-                listen(settings.database_url.get_secret_value(), wake), name="listener"
-            )
-            try:
-                await _supervise(stop, tasks, settings.shutdown_timeout_s)
-            finally:
-                listener.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await listener
-            log.info("stopping")
-        finally:
-            await pool.close()
+        yield
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
+
+
+async def _preflight(settings: Settings) -> RegistryHolder:
+    """The checks before any loop starts; returns the loaded producer registry.
+
+    A missing topic or an unreadable registry is a StartupError now rather than a loop
+    failing later, so a misconfigured deployment says what is wrong and exits.
+    """
+    missing = await _check_kafka(settings)
+    if missing:
+        raise StartupError(f"topics {', '.join(missing)} do not exist: run `matcher migrate` first")
+    await _warn_on_create_time(settings)
+    registry = RegistryHolder(settings)
+    try:
+        registry.load_initial()
+    except RegistryError as exc:
+        raise StartupError(str(exc)) from exc
+    if settings.allow_unsigned:
+        log.warning(
+            "MATCHER_ALLOW_UNSIGNED is set: events WITHOUT SIGNATURES are accepted. "
+            "This is for local development only; never run production like this."
+        )
+    return registry
+
+
+@dataclass
+class _Loops:
+    tasks: list[asyncio.Task[None]]  # supervised: one ending early stops the daemon
+    wake: dict[str, Callable[[], None]]  # NOTIFY channel -> the nudge of the loop it wakes
+
+
+def _start_loops(
+    settings: Settings, pool: AsyncConnectionPool, stop: asyncio.Event, registry: RegistryHolder
+) -> _Loops:
+    relay = Relay(settings, pool, stop)
+    ingest = Ingest(settings, pool, stop, on_resolved=relay.nudge, registry=registry)
+    rematch = Rematch(settings, pool, stop, on_resolved=relay.nudge)
+    sweeper = Sweeper(settings, pool, stop, on_resolved=relay.nudge)
+    wake = {"matcher_outbox": relay.nudge, "matcher_match": rematch.nudge}
+    janitor = Janitor(settings, pool, stop)
+    admin = AdminServer(
+        AdminState(
+            settings=settings,
+            pool=pool,
+            assigned_partitions=ingest.assigned_partitions,
+            kafka_reachable=ingest.kafka_reachable,
+        ),
+        *settings.admin_host_port(),
+    )
+    tasks = [
+        asyncio.create_task(admin.run(stop), name="admin"),
+        asyncio.create_task(stats.run(pool, stop, settings.stats_interval_s), name="stats"),
+        asyncio.create_task(ingest.run(), name="ingest"),
+        asyncio.create_task(relay.run(), name="relay"),
+        asyncio.create_task(rematch.run(), name="rematch"),
+        asyncio.create_task(sweeper.run(), name="sweeper"),
+        asyncio.create_task(janitor.run(), name="janitor"),
+        asyncio.create_task(registry.watch(stop), name="registry"),
+    ]
+    return _Loops(tasks, wake)
+
+
+def _log_ready(settings: Settings) -> None:
+    log.info(
+        "matcher ready",
+        extra={
+            "kafka": settings.kafka_bootstrap_servers,
+            "events_topic": settings.events_topic,
+            "resume_topic": settings.resume_topic,
+            "group": settings.consumer_group,
+        },
+    )
+
+
+async def _supervise_with_wakeups(settings: Settings, stop: asyncio.Event, loops: _Loops) -> None:
+    # Wake-ups only; not supervised (it reconnects on its own, and the loops poll).
+    listener = asyncio.create_task(
+        listen(settings.database_url.get_secret_value(), loops.wake), name="listener"
+    )
+    try:
+        await _supervise(stop, loops.tasks, settings.shutdown_timeout_s)
+    finally:
+        listener.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await listener
+
+
+async def run(
+    settings: Settings, stop: asyncio.Event | None = None, *, handle_signals: bool = True
+) -> None:
+    """Run until ``stop`` is set or (with ``handle_signals``) SIGTERM/SIGINT arrives."""
+    stop = stop or asyncio.Event()
+    _refuse_unauthenticated(settings)
+    with _stop_on_signals(stop, handle_signals):
+        pool = await _open_pool(settings)
+        try:
+            registry = await _preflight(settings)
+            loops = _start_loops(settings, pool, stop, registry)
+            _log_ready(settings)
+            await _supervise_with_wakeups(settings, stop, loops)
+            log.info("stopping")
+        finally:
+            await pool.close()
     log.info("stopped")
