@@ -10,7 +10,7 @@ import contextlib
 import re
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal, Self
+from typing import Any, Literal, Self
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
@@ -23,8 +23,6 @@ ENV_PREFIX = "MATCHER_"
 # Kafka topic names: the broker's own rule (legal characters, at most 249 of them).
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _HOST_PORT_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(\d{1,5})$")
-
-Port = Annotated[int, Field(ge=1, le=65535)]
 
 
 class ConfigError(Exception):

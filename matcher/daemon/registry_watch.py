@@ -26,7 +26,6 @@ class RegistryHolder:
         self._path: Path | None = settings.producers_file
         self._stamp: tuple[float, int] | None = None
         self.current = Registry()
-        self.reloads = 0
 
     def load_initial(self) -> None:
         """Load at start; a broken file here stops the daemon (RegistryError)."""
@@ -62,7 +61,6 @@ class RegistryHolder:
             )
             return False
         self.current = registry
-        self.reloads += 1
         REGISTRY_RELOADS.labels("ok").inc()
         REGISTRY_RELOAD_FAILING.set(0)
         log.info(

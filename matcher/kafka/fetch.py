@@ -168,10 +168,6 @@ class SafeFetcher:
             self._failures.pop(tp, None)
         self._generation += 1
 
-    def reset(self) -> None:
-        """Forget every partition."""
-        self.forget([*self._next, *self._unseeked, *self._frontiers, *self._steps])
-
     def rebalance_listener(self, inner: Any = None) -> ConsumerRebalanceListener:
         """A listener for ``consumer.subscribe`` that forgets the partitions of every
         rebalance, then calls ``inner`` (a ConsumerRebalanceListener, or None)."""

@@ -35,8 +35,3 @@ FROM unnest(
 WHERE i.producer = u.producer AND i.event_id = u.event_id AND i.received_at = u.received_at
   AND i.status = 'pending'
 RETURNING 1;
-
--- name: backlog
--- How many keys wait for the loop, and how long the oldest has (explain, the gauges).
-SELECT count(*) AS keys, extract(epoch FROM now() - min(not_before))::float8 AS oldest_s
-FROM matcher.match_queue WHERE not_before <= now();
