@@ -96,7 +96,7 @@ HOT = [
     ),
     ("resolve", "sweep_deadlines", {"limit": 1000}),
     ("resolve", "cancel_wait", {"wait_id": "00000000-0000-0000-0000-000000000001"}),
-    ("relay", "claim_unpublished", {"limit": 500}),
+    ("outbox", "claim_unpublished", {"limit": 500}),
     ("maintenance", "expire_pending", {"retention": timedelta(days=7), "limit": 5000}),
     ("maintenance", "expired_days", {"keep": timedelta(days=14)}),
     (
