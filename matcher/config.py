@@ -91,6 +91,9 @@ class Settings(BaseSettings):
     quarantine_retention: timedelta = Field(default=timedelta(days=30), gt=timedelta(0))
     # Rejected records are also copied here, when set (the quarantine table always has them).
     dead_letter_topic: str | None = None
+    # The longest one Kafka call of the dead-letter copy may take; past it the producer is
+    # torn down and rebuilt (the copy is dropped and counted).
+    dead_letter_call_timeout_s: float = Field(default=15.0, gt=0)
     # How often the producers file is checked for changes (SIGHUP reloads at once).
     producers_reload_interval_s: float = Field(default=2.0, gt=0)
 
@@ -108,6 +111,9 @@ class Settings(BaseSettings):
     relay_batch_max: int = Field(default=500, ge=1, le=100_000)
     relay_linger_ms: int = Field(default=0, ge=0)
     relay_poll_interval_s: float = Field(default=1.0, gt=0)
+    # The longest one Kafka call of the relay may take (a start, a batch's acknowledgements,
+    # a stop); past it the batch is rolled back and the producer rebuilt.
+    relay_call_timeout_s: float = Field(default=30.0, gt=0)
 
     # Rematch: newly registered waits (and keys ingest found busy) against stored events.
     rematch_batch_max: int = Field(default=500, ge=1, le=100_000)

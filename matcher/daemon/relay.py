@@ -7,10 +7,11 @@ Postgres NOTIFY sent by every transaction that writes the outbox (and, in this p
 direct nudge from ingest; see matcher.daemon.notifications), with a slow poll as a safety
 net.
 
-Every Kafka call here is bounded in time (``call_timeout_s``): the idempotent producer
-retries a batch for as long as the broker keeps failing it, and never expires it, so an
-unbounded wait for its acknowledgement could hold the claimed rows (and their
-transaction) for ever. A publish that takes too long rolls the claim back, the producer is
+Every Kafka call here is bounded in time (``MATCHER_RELAY_CALL_TIMEOUT_S``): the
+idempotent producer retries a batch for as long as the broker answers it with a retriable
+error, and never expires it, so an unbounded wait for its acknowledgement would hold the
+claimed rows (and their transaction) for ever, and its ``stop()`` would never return, not
+even on SIGTERM. A publication that takes too long rolls the claim back, the producer is
 torn down (see matcher.kafka.bounded) and a new one publishes the rows again.
 """
 
@@ -37,10 +38,6 @@ from matcher.store import outbox
 from matcher.store.outbox import Claimed
 
 log = logging.getLogger("matcher.relay")
-
-# The longest any one Kafka call of the relay may take: start, a batch's publication (all
-# its acknowledgements), stop. Past it the producer is rebuilt.
-CALL_TIMEOUT_S = 30.0
 
 
 def _observe(rows: list[Claimed]) -> None:
@@ -94,13 +91,17 @@ class Relay:
         pool: AsyncConnectionPool,
         stop: asyncio.Event,
         *,
-        call_timeout_s: float = CALL_TIMEOUT_S,
+        call_timeout_s: float | None = None,
     ) -> None:
         self._settings = settings
         self._pool = pool
         self._stop = stop
         self._wake = asyncio.Event()
-        self._call_timeout_s = call_timeout_s
+        # The longest one Kafka call may take: a start, a batch's publication (all its
+        # acknowledgements), a stop. Past it the producer is rebuilt.
+        self._call_timeout_s = (
+            settings.relay_call_timeout_s if call_timeout_s is None else call_timeout_s
+        )
         self.published = 0
         self.producers_started = 0  # one more each time a producer is (re)built
 
@@ -123,6 +124,7 @@ class Relay:
                 try:
                     await start_producer(producer, self._call_timeout_s)
                     self.producers_started += 1
+                    log.info("relay producer started", extra={"started": self.producers_started})
                     await self._publish_until_stopped(producer)
                     delay = 0.1
                 except (TimeoutError, KafkaError, OSError) as exc:

@@ -1,12 +1,15 @@
 """Starting and stopping aiokafka clients within a bound, whatever the broker does.
 
 aiokafka's idempotent producer never gives up on a batch whose error is retriable
-(``Sender._can_retry``: "If idempotence is enabled we never expire batches"), and
-``AIOKafkaProducer.stop()`` first waits, with no bound, for every pending batch to be
-delivered (aio-libs/aiokafka#1101). So a producer whose broker went away can keep a
-``stop()`` waiting forever, and a ``start()`` retries InitProducerId for as long as no
-broker answers. A stop or start cut short by ``asyncio.timeout`` leaves the client half
-open: its sender and metadata tasks still run, its connections stay open.
+(``SendProduceReqHandler._can_retry``: "If indempotence is enabled we never expire
+batches"; only a batch whose partition has no leader expires, in
+``MessageAccumulator.drain_by_nodes``). A broker that is away, or that keeps answering
+with a retriable error (NOT_ENOUGH_REPLICAS, REQUEST_TIMED_OUT, ...), so keeps every send
+future pending, and ``AIOKafkaProducer.stop()`` first waits, with no bound, for every
+pending batch (``MessageAccumulator.close`` -> ``flush``; aio-libs/aiokafka#1101).
+``start()`` retries InitProducerId (``Sender._maybe_wait_for_pid``) for as long as no
+broker grants one. And a stop or start cut short by ``asyncio.timeout`` leaves the client
+half open: its sender goes on retrying, its metadata task runs, its connections stay open.
 
 ``stop_producer`` and ``stop_consumer`` try the graceful stop for ``timeout_s``; past that
 they fail what is still pending (nobody waits on it any more) and close the connections,
@@ -22,6 +25,7 @@ import logging
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaTimeoutError
 
 log = logging.getLogger("matcher.kafka")
@@ -50,8 +54,9 @@ async def start_consumer(consumer: AIOKafkaConsumer, timeout_s: float) -> None:
 
 async def stop_producer(producer: AIOKafkaProducer, timeout_s: float) -> bool:
     """Stop ``producer``, delivering what is pending if that takes at most ``timeout_s``;
-    otherwise abandon it (pending sends fail with KafkaTimeoutError). Never raises (but
-    CancelledError); returns whether the stop was graceful."""
+    otherwise abandon it (pending sends fail with KafkaTimeoutError, its tasks end, its
+    connections close, each step bounded too). Never raises (but CancelledError); returns
+    whether the stop was graceful."""
     try:
         async with asyncio.timeout(timeout_s):
             await producer.stop()
@@ -65,29 +70,62 @@ async def stop_producer(producer: AIOKafkaProducer, timeout_s: float) -> bool:
             extra={"error": repr(exc), "timeout_s": timeout_s},
         )
     else:
-        return True
+        if not _sender_running(producer):
+            return True
+        # stop() returns at once when an earlier stop() was cut short: it is still sending.
+        log.warning("Kafka producer was left half stopped; abandoning what it had pending")
     _abandon_producer(producer)
     await _close_client(producer.client, timeout_s)
     return False
 
 
+def _sender_running(producer: AIOKafkaProducer) -> bool:
+    task = getattr(getattr(producer, "_sender", None), "sender_task", None)
+    return task is not None and not task.done()
+
+
 def _abandon_producer(producer: AIOKafkaProducer) -> None:
     # Private attributes of aiokafka 0.14 (pinned <0.15 in pyproject.toml): there is no
-    # public way to give up on pending batches. Failing them ends the flush that stop()
-    # waits on; cancelling the sender ends its retries.
+    # public way to give up on pending batches.
+    #
+    # The sender and its in-flight produce requests are cancelled first: a request that
+    # completed after its batches were failed would re-enqueue them (a KeyError that ends
+    # the sender with an error, and an error log from its done callback), and one that
+    # waits for a metadata update would wait for ever once the client is closed. Then the
+    # batches fail, which ends the flush a cut-short stop() waits on.
+    sender: Any = getattr(producer, "_sender", None)
+    if sender is not None:
+        for request in _produce_requests(sender):
+            request.cancel()
+        task = getattr(sender, "sender_task", None)
+        if task is not None and not task.done():
+            task.cancel()
     accumulator: Any = getattr(producer, "_message_accumulator", None)
     if accumulator is not None:
         batches = [b for queued in accumulator._batches.values() for b in queued]
         batches += list(accumulator._pending_batches)
         accumulator.fail_all(KafkaTimeoutError("producer abandoned with sends pending"))
-        for batch in batches:  # nobody awaits them any more: no "never retrieved" noise
-            if batch.future.done() and not batch.future.cancelled():
-                batch.future.exception()
-    sender: Any = getattr(producer, "_sender", None)
-    task = getattr(sender, "sender_task", None)
-    if task is not None and not task.done():
-        task.cancel()
+        for batch in batches:  # no "never retrieved" noise for a send nobody awaits
+            for future in [batch.future, *(f for f, _ in getattr(batch, "_msg_futures", ()))]:
+                if future.done() and not future.cancelled():
+                    future.exception()
     producer._closed = True  # its __del__ must not warn: it is closed as far as it can be
+
+
+def _produce_requests(sender: Any) -> list[asyncio.Task[Any]]:
+    """The tasks of ``sender``'s in-flight produce requests (it holds them in a local
+    variable of its routine, so they are found by their coroutine)."""
+    found = []
+    for task in asyncio.all_tasks():
+        coro: Any = task.get_coro()
+        frame = getattr(coro, "cr_frame", None)
+        if (
+            frame is not None
+            and getattr(coro, "__qualname__", "") == "Sender._send_produce_req"
+            and frame.f_locals.get("self") is sender
+        ):
+            found.append(task)
+    return found
 
 
 async def stop_consumer(consumer: AIOKafkaConsumer, timeout_s: float) -> bool:
@@ -112,10 +150,20 @@ async def stop_consumer(consumer: AIOKafkaConsumer, timeout_s: float) -> bool:
     return False
 
 
+async def close_admin(admin: AIOKafkaAdminClient, timeout_s: float) -> None:
+    """``admin.close()`` within ``timeout_s``. Never raises (but CancelledError)."""
+    await _close_client(admin, timeout_s)
+
+
 async def _close_client(client: Any, timeout_s: float) -> None:
     with contextlib.suppress(Exception):
         async with asyncio.timeout(timeout_s):
             await client.close()
+    # The closed client makes no more metadata updates: whoever still waits for one (a
+    # send of an abandoned producer, say) is told it failed rather than left waiting.
+    pending = getattr(client, "_md_update_fut", None)
+    if pending is not None and not pending.done():
+        pending.set_result(False)
 
 
 _closing: set[asyncio.Task[None]] = set()  # strong references until they are done

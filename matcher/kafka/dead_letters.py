@@ -3,9 +3,11 @@
 The quarantine row is the durable record of a rejection; this copy is a convenience for
 tools that watch a topic. So it must never hold ingest up: ingest hands records over
 without waiting (a bounded queue; when it is full the copy is dropped and counted), and
-one task sends them, every Kafka call bounded in time, reconnecting after failures. A
-producer that does not stop in time is abandoned (matcher.kafka.bounded), not left
-retrying its batch in the background for ever.
+one task sends them, every Kafka call bounded in time (``MATCHER_DEAD_LETTER_CALL_TIMEOUT_S``),
+reconnecting after failures. A producer that does not stop in time is abandoned
+(matcher.kafka.bounded): an idempotent producer whose broker keeps answering with a
+retriable error would otherwise go on retrying its batch in the background for ever, one
+more such producer after every failure.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ log = logging.getLogger("matcher.dead_letters")
 
 # Each copy holds at most the quarantine row's bounds (a value prefix, bounded headers).
 QUEUE_MAX = 1000
-CALL_TIMEOUT_S = 15.0
 
 
 def _headers(record: IngestRecord, rejection: Rejection) -> list[tuple[str, bytes]]:
@@ -59,6 +60,7 @@ class DeadLetters:
         self._bounds = bounds
         self._queue: asyncio.Queue[IngestRecord] = asyncio.Queue(QUEUE_MAX)
         self._delay = 0.5
+        self._timeout_s = settings.dead_letter_call_timeout_s  # any one Kafka call
 
     def offer(self, records: Sequence[IngestRecord]) -> None:
         """Queue copies of rejected records, as the quarantine keeps them; never waits."""
@@ -79,17 +81,17 @@ class DeadLetters:
                 **self._settings.kafka_client_options(),
                 enable_idempotence=True,
                 acks="all",
-                request_timeout_ms=int(CALL_TIMEOUT_S * 1000),
+                request_timeout_ms=int(self._timeout_s * 1000),
             )
             try:
-                await start_producer(producer, CALL_TIMEOUT_S)
+                await start_producer(producer, self._timeout_s)
                 await self._send_until_stopped(producer, stop)
             except (TimeoutError, KafkaError, OSError) as exc:
                 log.warning("dead-letter copy failed", extra={"error": repr(exc)})
                 if stop.is_set():
                     break
             finally:
-                await stop_producer(producer, CALL_TIMEOUT_S)
+                await stop_producer(producer, self._timeout_s)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self._delay)
             self._delay = min(self._delay * 2, 10.0)
@@ -105,7 +107,7 @@ class DeadLetters:
             rejection = record.parsed
             assert isinstance(rejection, Rejection)
             try:
-                async with asyncio.timeout(CALL_TIMEOUT_S):
+                async with asyncio.timeout(self._timeout_s):
                     await producer.send_and_wait(
                         self._topic,
                         record.value,
