@@ -30,6 +30,7 @@ from matcher.daemon.registry_watch import RegistryHolder
 from matcher.daemon.relay import Relay
 from matcher.daemon.rematch import Rematch
 from matcher.daemon.sweeper import Sweeper
+from matcher.kafka.bounded import close_admin
 from matcher.kafka.topics import TIMESTAMP_TYPE, events_timestamp_type
 from matcher.store.isolation import read_committed
 
@@ -55,7 +56,7 @@ async def _check_kafka(settings: Settings) -> list[str]:
             f"Kafka at {settings.kafka_bootstrap_servers} did not answer: {exc!r}"
         ) from exc
     finally:
-        await admin.close()
+        await close_admin(admin, settings.startup_timeout_s)
     wanted = [settings.events_topic, settings.resume_topic, settings.dead_letter_topic]
     return [t for t in wanted if t is not None and t not in topics]
 

@@ -19,6 +19,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.partitioner import murmur2
 
+from matcher.kafka.bounded import close_admin, stop_consumer
+
 log = logging.getLogger("matcher.lag")
 
 
@@ -81,8 +83,8 @@ async def group_lag(
         log.warning("consumer lag unavailable", extra={"error": repr(exc)})
         return None
     finally:
-        await consumer.stop()
-        await admin.close()
+        await stop_consumer(consumer, wait_s)
+        await close_admin(admin, wait_s)
     lag: dict[int, int] = {}
     for tp in partitions:
         meta = committed.get(tp)

@@ -1,11 +1,15 @@
 """Small Kafka clients for the CLI: publish one event, tail the resume topic.
 
 A client that fails to start is stopped all the same (no "Unclosed" warnings), and a topic
-that does not exist is said so (``MissingTopic``) instead of waiting out a timeout.
+that does not exist is said so (``MissingTopic``) instead of waiting out a timeout. Every
+Kafka call is bounded (``CALL_TIMEOUT_S``, TimeoutError past it; see matcher.kafka.bounded):
+the idempotent producer would otherwise retry a refused send, and wait in ``stop()``, for
+ever.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable
@@ -18,6 +22,15 @@ from matcher_producer import SigningKey, encode, sign_record
 
 from matcher.config import Settings
 from matcher.domain.events import CompletionEvent
+from matcher.kafka.bounded import (
+    close_admin,
+    start_consumer,
+    start_producer,
+    stop_consumer,
+    stop_producer,
+)
+
+CALL_TIMEOUT_S = 30.0
 
 
 class MissingTopic(LookupError):
@@ -55,15 +68,16 @@ async def publish_event(
         **settings.kafka_client_options(), enable_idempotence=True, acks="all"
     )
     try:
-        await producer.start()
-        metadata = await producer.client.fetch_all_metadata()
-        if settings.events_topic not in metadata.topics():
-            raise MissingTopic(settings.events_topic)
-        sent = await producer.send_and_wait(
-            settings.events_topic, record.value, key=record.key, headers=record.headers
-        )
+        await start_producer(producer, CALL_TIMEOUT_S)
+        async with asyncio.timeout(CALL_TIMEOUT_S):
+            metadata = await producer.client.fetch_all_metadata()
+            if settings.events_topic not in metadata.topics():
+                raise MissingTopic(settings.events_topic)
+            sent = await producer.send_and_wait(
+                settings.events_topic, record.value, key=record.key, headers=record.headers
+            )
     finally:
-        await producer.stop()
+        await stop_producer(producer, CALL_TIMEOUT_S)
     return sent.partition, sent.offset
 
 
@@ -80,13 +94,14 @@ async def tail(
     )
     shown = 0
     try:
-        await consumer.start()
+        await start_consumer(consumer, CALL_TIMEOUT_S)
         partitions = await _partitions(settings, settings.resume_topic)
         consumer.assign(partitions)
-        if from_beginning:
-            await consumer.seek_to_beginning(*partitions)
-        else:
-            await consumer.seek_to_end(*partitions)
+        async with asyncio.timeout(CALL_TIMEOUT_S):
+            if from_beginning:
+                await consumer.seek_to_beginning(*partitions)
+            else:
+                await consumer.seek_to_end(*partitions)
         deadline = None if seconds is None else time.monotonic() + seconds
         while max_count is None or shown < max_count:
             wait_ms = 500
@@ -95,7 +110,8 @@ async def tail(
                 if left <= 0:
                     break
                 wait_ms = max(1, min(wait_ms, int(left * 1000)))
-            batch = await consumer.getmany(timeout_ms=wait_ms)
+            async with asyncio.timeout(CALL_TIMEOUT_S + wait_ms / 1000):
+                batch = await consumer.getmany(timeout_ms=wait_ms)
             for records in batch.values():
                 for record in records:
                     try:
@@ -107,17 +123,18 @@ async def tail(
                     if max_count is not None and shown >= max_count:
                         return shown
     finally:
-        await consumer.stop()
+        await stop_consumer(consumer, CALL_TIMEOUT_S)
     return shown
 
 
 async def _partitions(settings: Settings, topic: str) -> list[TopicPartition]:
     admin = AIOKafkaAdminClient(**settings.kafka_client_options())
     try:
-        await admin.start()
-        described = await admin.describe_topics([topic])
+        async with asyncio.timeout(CALL_TIMEOUT_S):
+            await admin.start()
+            described = await admin.describe_topics([topic])
     finally:
-        await admin.close()
+        await close_admin(admin, CALL_TIMEOUT_S)
     numbers = sorted(p["partition"] for d in described for p in d.get("partitions", []))
     if not numbers:
         raise MissingTopic(topic)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+
+from matcher.kafka.bounded import close_admin
 
 if TYPE_CHECKING:
     from matcher.config import Settings
@@ -18,6 +22,21 @@ TIMESTAMP_TYPE = "message.timestamp.type"
 EVENT_TOPIC_CONFIGS = {TIMESTAMP_TYPE: "LogAppendTime"}
 # DescribeConfigs v1+: where a value comes from; 1 = set on this topic.
 _DYNAMIC_TOPIC_CONFIG = 1
+# The longest one of the functions here may talk to Kafka (start, requests, close).
+ADMIN_TIMEOUT_S = 60.0
+
+
+@contextlib.asynccontextmanager
+async def _admin(client_options: dict[str, Any]) -> AsyncIterator[AIOKafkaAdminClient]:
+    """A started admin client, closed when the block ends; the start and the block are
+    bounded by ADMIN_TIMEOUT_S altogether (TimeoutError past it), the close too."""
+    admin = AIOKafkaAdminClient(**client_options)
+    try:
+        async with asyncio.timeout(ADMIN_TIMEOUT_S):
+            await admin.start()
+            yield admin
+    finally:
+        await close_admin(admin, ADMIN_TIMEOUT_S)
 
 
 async def ensure_topics(
@@ -34,9 +53,7 @@ async def ensure_topics(
     cluster with fewer than three brokers (a development single node gets one).
     A topic that exists already is left as it is (its partition count included).
     """
-    admin = AIOKafkaAdminClient(**client_options)
-    await admin.start()
-    try:
+    async with _admin(client_options) as admin:
         existing = set(await admin.list_topics())
         missing = [name for name in dict.fromkeys(names) if name not in existing]
         if not missing:
@@ -64,35 +81,25 @@ async def ensure_topics(
                 message = topic_error[2] if len(topic_error) > 2 else ""
                 raise RuntimeError(f"could not create topic {name!r}: error {code} {message}")
         return created
-    finally:
-        await admin.close()
 
 
 async def delete_topics(client_options: dict[str, Any], names: Iterable[str]) -> None:
     """Delete topics that exist; the rest are ignored. For tests and the benchmark, which
     create topics by the hundred: a broker carrying thousands of dead partitions spends
     its heap and CPU on them and slows everything measured on it."""
-    admin = AIOKafkaAdminClient(**client_options)
-    await admin.start()
-    try:
+    async with _admin(client_options) as admin:
         existing = set(await admin.list_topics())
         doomed = [name for name in dict.fromkeys(names) if name in existing]
         if doomed:
             await admin.delete_topics(doomed)
-    finally:
-        await admin.close()
 
 
 async def topic_configs(client_options: dict[str, Any], topic: str) -> dict[str, tuple[str, bool]]:
     """Every config of ``topic``: name to (value, set on the topic itself)."""
-    admin = AIOKafkaAdminClient(**client_options)
-    await admin.start()
-    try:
+    async with _admin(client_options) as admin:
         responses = await admin.describe_configs(
             [ConfigResource(ConfigResourceType.TOPIC, topic, None)]
         )
-    finally:
-        await admin.close()
     found: dict[str, tuple[str, bool]] = {}
     for response in responses:
         for resource in response.resources:
@@ -116,14 +123,10 @@ async def set_topic_config(
     current = await topic_configs(client_options, topic)
     kept = {key: val for key, (val, own) in current.items() if own and val is not None}
     kept[name] = value
-    admin = AIOKafkaAdminClient(**client_options)
-    await admin.start()
-    try:
+    async with _admin(client_options) as admin:
         responses = await admin.alter_configs(
             [ConfigResource(ConfigResourceType.TOPIC, topic, kept)]
         )
-    finally:
-        await admin.close()
     for response in responses:
         for resource in response.resources:
             if resource[0] != 0:
