@@ -47,6 +47,7 @@ from matcher.sdk import (
 from tests.helpers import (
     DaemonProcess,
     RawHeaderName,
+    bounded,
     env_flag,
     eventually,
     process_env,
@@ -57,6 +58,7 @@ from tests.helpers import (
     run_cli,
     running_daemon,
     scalar,
+    started,
 )
 
 K1 = "whsec_" + base64.b64encode(b"k1-secret-of-the-billing-service").decode()
@@ -233,9 +235,8 @@ async def _send_batch(
     1 is gzip), to the partition the default partitioner gives ``key``; return the
     (partition, offset) of its first record."""
     producer = AIOKafkaProducer(**settings.kafka_client_options(), acks="all")
-    await producer.start()
-    try:
-        partitions = sorted(await producer.partitions_for(settings.events_topic))
+    async with started(producer):
+        partitions = sorted(await bounded(producer.partitions_for(settings.events_topic)))
         partition = DefaultPartitioner()(key, partitions, partitions)
         batch = producer.create_batch()
         batch._builder = _DefaultRecordBatchBuilderPy(
@@ -249,10 +250,11 @@ async def _send_batch(
         )
         for headers, value in records:
             assert batch.append(timestamp=None, key=key, value=value, headers=headers) is not None
-        sent = await (await producer.send_batch(batch, settings.events_topic, partition=partition))
+        queued = await bounded(
+            producer.send_batch(batch, settings.events_topic, partition=partition)
+        )
+        sent = await bounded(queued)
         return int(sent.partition), int(sent.offset)
-    finally:
-        await producer.stop()
 
 
 # --- 1. Header case ----------------------------------------------------------------------

@@ -25,6 +25,7 @@ from matcher.devstack import kafka
 from matcher.devstack.procs import port_in_use
 from matcher.devstack.stack import Devstack, project_root
 from matcher.kafka.topics import ensure_topics
+from tests.helpers import bounded, started
 
 pytestmark = pytest.mark.slow
 
@@ -57,27 +58,21 @@ def _cli(stack: Devstack, *args: str) -> subprocess.CompletedProcess[str]:
 async def _produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
     await ensure_topics({"bootstrap_servers": bootstrap}, [topic], partitions=1)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, acks="all")
-    await producer.start()
-    try:
+    async with started(producer):
         for value in values:
-            await producer.send_and_wait(topic, value)
-    finally:
-        await producer.stop()
+            await bounded(producer.send_and_wait(topic, value))
 
 
 async def _read_all(bootstrap: str, topic: str, want: int) -> list[bytes]:
     consumer = AIOKafkaConsumer(
         topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None
     )
-    await consumer.start()
     got: list[bytes] = []
-    try:
+    async with started(consumer):
         deadline = time.monotonic() + 30
         while len(got) < want and time.monotonic() < deadline:
             for records in (await consumer.getmany(timeout_ms=500)).values():
                 got.extend(r.value for r in records)
-    finally:
-        await consumer.stop()
     return got
 
 

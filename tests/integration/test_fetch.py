@@ -22,7 +22,7 @@ from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
 
 from matcher.config import Settings
 from matcher.kafka.fetch import FetchedRecord, SafeFetcher
-from tests.helpers import RawHeaderName
+from tests.helpers import RawHeaderName, started
 
 Test = Callable[..., Awaitable[None]]
 BAD_NAME = b"\xff\xfebad-\xc3"  # not UTF-8: aiokafka raises UnicodeDecodeError on it
@@ -74,11 +74,8 @@ def bad(tag: str) -> Spec:
 @asynccontextmanager
 async def producer_for(settings: Settings) -> AsyncIterator[AIOKafkaProducer]:
     producer = AIOKafkaProducer(**settings.kafka_client_options(), acks="all")
-    await producer.start()
-    try:
+    async with started(producer):
         yield producer
-    finally:
-        await producer.stop()
 
 
 async def send_batch(
@@ -163,8 +160,7 @@ async def run_layout(settings: Settings, layout: dict[int, list[list[Spec]]]) ->
             for specs in batches:
                 produced.extend(await send_batch(producer, tp, specs))
     consumer = consumer_for(settings)
-    await consumer.start()
-    try:
+    async with started(consumer):
         fetcher = SafeFetcher(consumer)
         check(await fetch_all(fetcher, len(produced)), produced)
         # And it goes on normally: new records come through the plain path.
@@ -175,8 +171,6 @@ async def run_layout(settings: Settings, layout: dict[int, list[list[Spec]]]) ->
         again = await fetch_all(fetcher, len(later))
         assert not fetcher.isolating
         check(again, later)
-    finally:
-        await consumer.stop()
 
 
 @bounded(90)
@@ -235,11 +229,8 @@ async def test_bad_record_in_a_compressed_batch(settings: Settings) -> None:
             producer, tp, [*good("z", 30), bad("z"), *good("z2", 30)], GZIP
         )
     consumer = consumer_for(settings)
-    await consumer.start()
-    try:
+    async with started(consumer):
         check(await fetch_all(SafeFetcher(consumer), len(produced)), produced)
-    finally:
-        await consumer.stop()
 
 
 @bounded(90)
@@ -251,11 +242,8 @@ async def test_small_polls_hand_everything_over_once(settings: Settings) -> None
             tp = TopicPartition(settings.events_topic, partition)
             produced += await send_batch(producer, tp, [*good("s", 7), bad("s"), *good("t", 7)])
     consumer = consumer_for(settings)
-    await consumer.start()
-    try:
+    async with started(consumer):
         check(await fetch_all(SafeFetcher(consumer), len(produced), max_records=3), produced)
-    finally:
-        await consumer.stop()
 
 
 @pytest.mark.parametrize("committed", [None, 2])
@@ -277,13 +265,10 @@ async def test_records_drained_from_other_partitions_are_not_lost(
         await commit(settings, good_tp, committed)
         produced = [p for p in produced if p.tp != good_tp or p.offset >= committed]
     consumer = consumer_for(settings)
-    await consumer.start()
-    try:
+    async with started(consumer):
         buffered = await wait_for_buffer(consumer, {good_tp, bad_tp})
         buffered.move_to_end(bad_tp)  # aiokafka's own buffer: drained in this order
         check(await fetch_all(SafeFetcher(consumer), len(produced)), produced)
-    finally:
-        await consumer.stop()
     # The failed call had drained the good partition: it was rewound to its start.
     rewinds = [r for r in caplog.records if r.getMessage() == "partition rewound"]
     assert [(r.__dict__["partition"], r.__dict__["to"]) for r in rewinds] == [(4, committed or 0)]
@@ -296,12 +281,9 @@ async def commit(settings: Settings, tp: TopicPartition, offset: int) -> None:
         group_id=settings.consumer_group,
         enable_auto_commit=False,
     )
-    await consumer.start()
-    try:
+    async with started(consumer):
         consumer.assign([tp])
         await consumer.commit({tp: offset})
-    finally:
-        await consumer.stop()
 
 
 @bounded(90)
@@ -327,14 +309,11 @@ async def test_the_listener_forgets_then_calls_the_inner_one(settings: Settings)
     )
     fetcher = SafeFetcher(consumer)
     consumer.subscribe([settings.events_topic], listener=fetcher.rebalance_listener(Inner()))
-    await consumer.start()
-    try:
+    async with started(consumer):
         check(await fetch_all(fetcher, len(produced)), produced)
         assert tp in fetcher._next
         await fetcher.rebalance_listener(Inner()).on_partitions_revoked([tp])
         assert tp not in fetcher._next
-    finally:
-        await consumer.stop()
     everything = [TopicPartition(settings.events_topic, p) for p in range(6)]
     # aiokafka also reports an empty revocation before the first assignment.
     assert calls.index(("assigned", everything)) < calls.index(("revoked", [tp]))
@@ -367,11 +346,8 @@ async def test_normal_path_matches_plain_getmany(settings: Settings) -> None:
             await send_batch(producer, TopicPartition(settings.events_topic, partition), specs)
     plain = await read_plain(settings, 30 + 6 * len(specs))
     consumer = consumer_for(settings, group_id=settings.consumer_group + ".safe")
-    await consumer.start()
-    try:
+    async with started(consumer):
         safe = await fetch_all(SafeFetcher(consumer), len(plain))
-    finally:
-        await consumer.stop()
     assert sorted(safe, key=_where) == sorted(plain, key=_where)
     assert all(r.undecodable is None for r in safe)
 
@@ -383,15 +359,12 @@ def _where(r: FetchedRecord) -> tuple[int, int]:
 async def read_plain(settings: Settings, want: int) -> list[FetchedRecord]:
     """What plain getmany gives, in FetchedRecord's terms (names encoded back to bytes)."""
     consumer = consumer_for(settings, group_id=settings.consumer_group + ".plain")
-    await consumer.start()
     got: list[FetchedRecord] = []
-    try:
+    async with started(consumer):
         async with asyncio.timeout(60):
             while len(got) < want:
                 batch = await consumer.getmany(timeout_ms=300)
                 got.extend(_as_fetched(m) for records in batch.values() for m in records)
-    finally:
-        await consumer.stop()
     return got
 
 
@@ -430,11 +403,8 @@ async def test_a_transient_failure_skips_nothing(settings: Settings) -> None:
     async with producer_for(settings) as producer:
         produced = await send_batch(producer, tp, good("q", 6))
     consumer = consumer_for(settings, value_deserializer=failing_once(b"q-3"))
-    await consumer.start()
-    try:
+    async with started(consumer):
         check(await fetch_all(SafeFetcher(consumer), len(produced)), produced)
-    finally:
-        await consumer.stop()
 
 
 @bounded(90)
@@ -445,11 +415,8 @@ async def test_a_record_failing_for_a_reason_the_bytes_do_not_show(settings: Set
     async with producer_for(settings) as producer:
         produced = await send_batch(producer, tp, good("r", 6))
     consumer = consumer_for(settings, value_deserializer=failing_always(b"r-2"))
-    await consumer.start()
-    try:
+    async with started(consumer):
         got = await fetch_all(SafeFetcher(consumer), len(produced))
-    finally:
-        await consumer.stop()
     assert [r.offset for r in got] == [p.offset for p in produced]
     marked = [r for r in got if r.undecodable is not None]
     assert [r.value for r in marked] == [b"r-2"]
@@ -466,22 +433,16 @@ async def test_transactions(settings: Settings, isolation_level: str) -> None:
     producer = AIOKafkaProducer(
         **settings.kafka_client_options(), transactional_id=settings.consumer_group + ".tx"
     )
-    await producer.start()
-    try:
+    async with started(producer):
         await producer.begin_transaction()
         aborted = await send_batch(producer, tp, [bad("ab1"), *good("ab", 2)], transactional=True)
         await producer.abort_transaction()
         async with producer.transaction():
             kept = await send_batch(producer, tp, [bad("c1"), *good("c", 3)], transactional=True)
-    finally:
-        await producer.stop()
     consumer = consumer_for(settings, isolation_level=isolation_level)
-    await consumer.start()
-    try:
+    async with started(consumer):
         want = kept if isolation_level == "read_committed" else aborted + kept
         check(await fetch_all(SafeFetcher(consumer), len(want)), want)
-    finally:
-        await consumer.stop()
 
 
 @bounded(90)
@@ -494,10 +455,9 @@ async def test_calls_cancelled_anywhere_lose_nothing(settings: Settings) -> None
             tp = TopicPartition(settings.events_topic, partition)
             produced += await send_batch(producer, tp, [*good("w", 5), bad("w"), *good("y", 5)])
     consumer = consumer_for(settings)
-    await consumer.start()
     got: list[FetchedRecord] = []
     cancelled = 0
-    try:
+    async with started(consumer):
         fetcher = SafeFetcher(consumer)
         patience = [0.001, 0.004, 0.015, 0.05, 0.2, 0.6]
         for call in itertools.count():
@@ -510,7 +470,5 @@ async def test_calls_cancelled_anywhere_lose_nothing(settings: Settings) -> None
             got.extend(r for records in batch.values() for r in records)
             if len(got) >= len(produced) and not batch and not fetcher.isolating:
                 break
-    finally:
-        await consumer.stop()
     check(got, produced)
     assert cancelled > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from matcher.config import Settings
+from tests.helpers import bounded, started
 
 
 async def _consume(settings: Settings, want: int) -> list[bytes]:
@@ -16,9 +17,8 @@ async def _consume(settings: Settings, want: int) -> list[bytes]:
         enable_auto_commit=False,
         auto_offset_reset="earliest",
     )
-    await consumer.start()
     got: list[bytes] = []
-    try:
+    async with started(consumer):
         for _ in range(100):
             if len(got) >= want:
                 break
@@ -26,9 +26,7 @@ async def _consume(settings: Settings, want: int) -> list[bytes]:
             for records in batch.values():
                 got.extend(r.value for r in records)
         # Commit exactly what was read: the positions after the last record of each batch.
-        await consumer.commit()
-    finally:
-        await consumer.stop()
+        await bounded(consumer.commit())
     return got
 
 
@@ -36,13 +34,10 @@ async def test_second_member_resumes_after_committed_offset(settings: Settings) 
     producer = AIOKafkaProducer(
         **settings.kafka_client_options(), enable_idempotence=True, acks="all"
     )
-    await producer.start()
-    try:
+    async with started(producer):
         # One key, so every message lands on one partition in order.
         for i in range(10):
-            await producer.send_and_wait(settings.events_topic, f"m{i}".encode(), key=b"k")
-    finally:
-        await producer.stop()
+            await bounded(producer.send_and_wait(settings.events_topic, f"m{i}".encode(), key=b"k"))
 
     first = await _consume(settings, want=4)
     assert first == [f"m{i}".encode() for i in range(4)]
@@ -56,11 +51,9 @@ async def test_second_member_resumes_after_committed_offset(settings: Settings) 
         group_id=settings.consumer_group,
         enable_auto_commit=False,
     )
-    await consumer.start()
-    try:
+    async with started(consumer):
         committed = 0
         for p in range(settings.topic_partitions):
-            committed += await consumer.committed(TopicPartition(settings.events_topic, p)) or 0
+            tp = TopicPartition(settings.events_topic, p)
+            committed += await bounded(consumer.committed(tp)) or 0
         assert committed == 10
-    finally:
-        await consumer.stop()

@@ -9,6 +9,7 @@ database rows.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,7 +21,16 @@ from matcher.config import Settings
 from matcher.domain.resume import ResumeCloudEvent, ResumeData, ResumeEvent, resume_message
 from matcher.domain.waits import Outcome, WaitSpec
 from matcher.sdk import cancel_wait, register_wait
-from tests.helpers import event, eventually, produce, rows, running_daemon, scalar
+from tests.helpers import (
+    bounded,
+    event,
+    eventually,
+    produce,
+    rows,
+    running_daemon,
+    scalar,
+    started,
+)
 
 AWKWARD_DATA: list[Any] = [
     {"result": 42, "nested": {"list": [1, 2.5, -3e-7, None, True], "empty": {}}},
@@ -94,19 +104,17 @@ def _reference(row: dict[str, Any]) -> ResumeCloudEvent:
 
 async def _published(settings: Settings, want: int) -> list[tuple[bytes, bytes]]:
     consumer = AIOKafkaConsumer(**settings.kafka_client_options(), group_id=None)
-    await consumer.start()
     found: list[tuple[bytes, bytes]] = []
-    try:
+    async with started(consumer):
         partitions = [
             TopicPartition(settings.resume_topic, p) for p in range(settings.topic_partitions)
         ]
         consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        while len(found) < want:
-            batch = await consumer.getmany(timeout_ms=500)
-            found.extend((r.key, r.value) for records in batch.values() for r in records)
-    finally:
-        await consumer.stop()
+        await bounded(consumer.seek_to_beginning(*partitions))
+        async with asyncio.timeout(60):
+            while len(found) < want:
+                batch = await consumer.getmany(timeout_ms=500)
+                found.extend((r.key, r.value) for records in batch.values() for r in records)
     return found
 
 

@@ -31,6 +31,7 @@ from matcher.domain.waits import WaitSpec
 from matcher.sdk import advance, register_wait
 from tests.helpers import (
     DaemonProcess,
+    bounded,
     env_flag,
     event,
     eventually,
@@ -38,6 +39,7 @@ from tests.helpers import (
     read_resumes,
     rows,
     scalar,
+    started,
     to_record,
 )
 
@@ -153,8 +155,7 @@ class Producing:
             acks="all",
             linger_ms=5,
         )
-        await producer.start()
-        try:
+        async with started(producer):
             for offset, events in self._plan.schedule:
                 delay = self._start + offset - time.monotonic()
                 if delay > 0:
@@ -163,14 +164,14 @@ class Producing:
                 for e in events:
                     key, headers, value = to_record(e)
                     futures.append(
-                        await producer.send(
-                            self._settings.events_topic, value, key=key, headers=headers
+                        await bounded(
+                            producer.send(
+                                self._settings.events_topic, value, key=key, headers=headers
+                            )
                         )
                     )
-                await asyncio.gather(*futures)
+                await bounded(asyncio.gather(*futures))
                 self.sent += len(events)
-        finally:
-            await producer.stop()
 
 
 @contextlib.contextmanager
