@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import logging
 import os
 import shutil
@@ -257,7 +258,8 @@ def broker_answers(bootstrap: str, timeout: float = 5.0) -> bool:
         except Exception:
             return False
         finally:
-            await client.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.close(), timeout)
 
     previous = logging.getLogger("aiokafka").level
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # refused connects are expected
