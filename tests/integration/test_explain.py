@@ -7,12 +7,14 @@ import base64
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
 from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
 from matcher_producer import CompletionEvent as ProducerEvent
 from matcher_producer import SigningKey, encode, sign_record
 
@@ -23,6 +25,7 @@ from matcher.domain.waits import WaitSpec
 from matcher.kafka.lag import crc32_partition, event_key, key_partitions
 from matcher.sdk import cancel_wait, register_wait
 from tests.helpers import (
+    bounded,
     event,
     eventually,
     process_env,
@@ -33,6 +36,7 @@ from tests.helpers import (
     run_cli,
     running_daemon,
     scalar,
+    started,
 )
 
 
@@ -51,6 +55,40 @@ def _register(settings: Settings, run: str, correlation: str, **extra: Any) -> A
                 }
             ),
         )
+
+
+async def _group_until(
+    settings: Settings, ready: Callable[[dict[str, Any]], bool], what: str, timeout: float = 30
+) -> None:
+    """Until the daemons' consumer group, as the group coordinator describes it, is
+    ``ready``: Kafka's own view of who has joined, not a guess at how long a join takes."""
+    admin = AIOKafkaAdminClient(**settings.kafka_client_options())
+    await bounded(admin.start())
+    group: dict[str, Any] = {}
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                [response] = await bounded(
+                    admin.describe_consumer_groups([settings.consumer_group])
+                )
+                [group] = response.to_object()["groups"]
+                if ready(group):
+                    return
+                await asyncio.sleep(0.1)  # the poll's pace; the deadline bounds it
+    except TimeoutError:
+        raise AssertionError(f"consumer group not {what} within {timeout}s: {group}") from None
+    finally:
+        await bounded(admin.close())
+
+
+async def _joined(settings: Settings) -> None:
+    """The daemon is a member of its group and the group is stable (partitions assigned)."""
+    await _group_until(settings, lambda g: g["state"] == "Stable" and bool(g["members"]), "joined")
+
+
+async def _left(settings: Settings) -> None:
+    """No member is left in the group: nobody reads the events topic."""
+    await _group_until(settings, lambda g: not g["members"], "left")
 
 
 async def _explain(settings: Settings, run: str) -> Explanation:
@@ -100,7 +138,7 @@ async def test_timed_out_and_cancelled_list_their_late_events(settings: Settings
 async def test_missing_signal_then_waiting(settings: Settings) -> None:
     _register(settings, "r-missing", "c-missing")
     async with running_daemon(settings):
-        await asyncio.sleep(1)  # the group has joined; nothing is lagging
+        await _joined(settings)  # the daemon reads every partition; nothing is lagging
         found = await _explain(settings, "r-missing")
         assert found.verdict is Verdict.MISSING_SIGNAL
         assert found.evidence["consumer_lag"]  # Kafka was asked
@@ -184,7 +222,8 @@ hmac_secret = "{secret}"
 async def test_backlog_while_the_daemon_is_stopped(settings: Settings) -> None:
     _register(settings, "r-lag", "c-lag")
     async with running_daemon(settings):
-        await asyncio.sleep(1)  # join the group once, so committed offsets exist
+        await _joined(settings)  # the group exists, with the daemon in it
+    await _left(settings)
     # The daemon is down: events pile up unread, and a deadline passes unswept.
     _register(settings, "r-sweep", "c-sweep", deadline=datetime.now(UTC) - timedelta(seconds=3))
     await produce(settings, [event(correlation="c-lag")] + [event() for _ in range(30)])
@@ -262,7 +301,8 @@ async def _backlog_on_the_crc32_partition(settings: Settings, send: Any) -> None
     correlation = _correlation_where_partitioners_differ("acme", settings.topic_partitions)
     _register(settings, "r-crc", correlation)
     async with running_daemon(settings):
-        await asyncio.sleep(1)  # join the group once, so committed offsets exist
+        await _joined(settings)  # the group exists, with the daemon in it
+    await _left(settings)  # the daemon is down: what is sent now stays unread
     key = event_key("acme", correlation)
     expected = crc32_partition(key, settings.topic_partitions)
     assert await send(key, expected) == expected
@@ -301,13 +341,12 @@ async def test_backlog_on_the_partition_librdkafka_picks(settings: Settings) -> 
             ("content-type", b"application/json"),
         ]
         producer = AIOKafkaProducer(**settings.kafka_client_options(), acks="all")
-        await producer.start()
-        try:
-            sent = await producer.send_and_wait(
-                settings.events_topic, value, key=key, headers=headers, partition=partition
+        async with started(producer):
+            sent = await bounded(
+                producer.send_and_wait(
+                    settings.events_topic, value, key=key, headers=headers, partition=partition
+                )
             )
-        finally:
-            await producer.stop()
         return int(sent.partition)
 
     await _backlog_on_the_crc32_partition(settings, send)

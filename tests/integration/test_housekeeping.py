@@ -21,6 +21,8 @@ from matcher.store.ingest import IngestRecord
 from tests.helpers import (
     ensure_inbox_days,
     event,
+    eventually,
+    published,
     raw,
     read_resumes,
     rematch_all,
@@ -130,26 +132,51 @@ async def test_quarantine_keeps_its_retention(settings: Settings) -> None:
     assert sorted(kept) == [0, 29]
 
 
+def _cancel_a_wait(settings: Settings, run: str) -> None:
+    """Register a wait and cancel it, from a connection of the test's own (another
+    process's commit, as far as the daemon knows): one resolution in the outbox."""
+    with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as conn:
+        wait = register_wait(
+            conn,
+            WaitSpec(tenant="acme", run_id=run, position=0, event_types=["x"], correlation_id=run),
+        )
+        assert cancel_wait(conn, wait.id)
+
+
+def _listening(settings: Settings) -> bool:
+    """Whether the daemon's notification listener has run its LISTENs (its session's last
+    statement was one, and it is idle: waiting for notifications)."""
+    return bool(
+        scalar(
+            settings,
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND state = 'idle' AND query LIKE 'LISTEN %'",
+        )
+    )
+
+
 async def test_relay_wakes_on_commit_not_on_its_poll(settings: Settings) -> None:
-    slow_poll = settings.model_copy(update={"relay_poll_interval_s": 60.0})
+    # The relay's safety-net poll is an hour away: a resume published within seconds of a
+    # commit was published because the commit's NOTIFY woke the relay, nothing else.
+    slow_poll = settings.model_copy(update={"relay_poll_interval_s": 3600.0})
     async with running_daemon(slow_poll):
-        await asyncio.sleep(1.0)  # let the relay settle into its (60 s) wait
-        with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as conn:
-            wait = register_wait(
-                conn,
-                WaitSpec(
-                    tenant="acme",
-                    run_id="r",
-                    position=0,
-                    event_types=["x"],
-                    correlation_id="wake",
-                ),
-            )
-            started = time.monotonic()
-            assert cancel_wait(conn, wait.id)  # another process's commit: NOTIFY wakes it
-        [resume] = await read_resumes(settings, at_least=1, timeout=10, settle=0.1)
-        assert time.monotonic() - started < 5
-    assert resume.outcome == "cancelled"
+        await eventually(lambda: _listening(settings), what="the daemon listens for commits")
+        # A first resolution, published however it was (the relay's first pass, the
+        # listener's catch-up nudge, a NOTIFY): past it the relay waits, with only its
+        # hour-long poll or a wake-up to make it look again.
+        _cancel_a_wait(settings, "warm-up")
+        await eventually(lambda: published(settings) == 1, what="the first resume published")
+        started = time.monotonic()
+        _cancel_a_wait(settings, "wake")  # its commit sends the NOTIFY
+        await eventually(
+            lambda: published(settings) == 2,
+            timeout=5,
+            what="the NOTIFY wakes the relay (its poll is an hour away)",
+        )
+        woken_after = time.monotonic() - started
+        resumes = await read_resumes(settings, at_least=2)
+    assert woken_after < 5
+    assert {r.run_id: r.outcome for r in resumes} == {"warm-up": "cancelled", "wake": "cancelled"}
 
 
 @pytest.mark.parametrize("poison", ["nul_in_data", "index_entry_too_large"])

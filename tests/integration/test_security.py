@@ -6,7 +6,6 @@ file and signatures required.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import random
@@ -30,6 +29,7 @@ from matcher.kafka.topics import ensure_topics
 from matcher.sdk import register_wait
 from tests.helpers import (
     DaemonProcess,
+    bounded,
     env_flag,
     eventually,
     process_env,
@@ -39,6 +39,7 @@ from tests.helpers import (
     run_cli,
     running_daemon,
     scalar,
+    started,
 )
 
 K1 = "whsec_" + base64.b64encode(b"k1-secret-of-the-billing-service").decode()
@@ -131,19 +132,25 @@ def _metric(reason: str) -> float:
 
 async def _dead_letters(settings: Settings, topic: str, want: int) -> list[dict[str, bytes]]:
     consumer = AIOKafkaConsumer(**settings.kafka_client_options(), group_id=None)
-    await consumer.start()
     found: list[dict[str, bytes]] = []
-    try:
+    async with started(consumer):
         partitions = [TopicPartition(topic, p) for p in range(settings.topic_partitions)]
         consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
+        await bounded(consumer.seek_to_beginning(*partitions))
         deadline = time.monotonic() + 30
         while len(found) < want and time.monotonic() < deadline:
-            for records in (await consumer.getmany(timeout_ms=200)).values():
+            for records in (await bounded(consumer.getmany(timeout_ms=200))).values():
                 found.extend(dict(r.headers) for r in records)
-    finally:
-        await consumer.stop()
     return found
+
+
+def _logged(daemon: DaemonProcess, *parts: str) -> Callable[[], bool]:
+    """Whether the daemon printed a line containing every one of ``parts``."""
+
+    def check() -> bool:
+        return any(all(part in line for part in parts) for line in list(daemon.lines))
+
+    return check
 
 
 async def test_every_reason_code_is_quarantined_and_advances_nothing(secure: Settings) -> None:
@@ -261,7 +268,13 @@ async def test_registry_reload_rotation_and_replay(secure: Settings, tmp_path: P
         _producers_file(tmp_path, {"k2": K2}, broken=True)  # a broken edit...
         await eventually(lambda: "not reloaded" in daemon.output, timeout=10)
         daemon.process.send_signal(signal.SIGHUP)  # ...and a SIGHUP on it
-        await asyncio.sleep(0.5)
+        # The SIGHUP's own reload (not the file watcher's), refused like the first.
+        await eventually(
+            _logged(daemon, "producer registry not reloaded", "why=SIGHUP"),
+            timeout=10,
+            what="the SIGHUP reload",
+        )
+        assert not _logged(daemon, "producer registry reloaded", "why=SIGHUP")()
         still = await deliver(K1)  # the last good registry (with k1) is still in force
         await eventually(stored(still))
         assert (
