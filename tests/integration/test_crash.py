@@ -8,8 +8,10 @@ the next worker reads must name the event that resolved the wait.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import signal
+from collections.abc import Iterator
 
 import pytest
 
@@ -56,6 +58,17 @@ def _through(settings: Settings, point: str, correlations: list[str]) -> bool:
     return bool(done == len(correlations))
 
 
+@contextlib.contextmanager
+def _reaped(daemon: DaemonProcess) -> Iterator[DaemonProcess]:
+    """The daemon, killed if the block leaves it running (a failed assertion, a timeout):
+    a failing test leaves no daemon behind, consuming and committing for ever."""
+    try:
+        yield daemon
+    finally:
+        if daemon.process.poll() is None:
+            daemon.kill()
+
+
 def _died_or_through(
     daemon: DaemonProcess, settings: Settings, point: str, correlations: list[str]
 ) -> bool:
@@ -74,31 +87,32 @@ async def test_crash_at_point_then_recover(settings: Settings, point: str) -> No
         total += count
         arrival = 1 + iteration % 2
         crashing = DaemonProcess(process_env(settings, MATCHER_TEST_CRASH_AT=f"{point}@{arrival}"))
-        crashing.wait_ready()
-        if not sweeping:
-            # Two bursts, so the crash lands on the first batch (@1) or a later one (@2).
-            # For @2 the second burst goes once the first is through the point, or once the
-            # daemon died already (the first burst took two batches): then the second
-            # arrival is certain, whatever the timing of the batches.
-            first, second = correlations[: count // 2], correlations[count // 2 :]
-            await produce(settings, [event(correlation=c) for c in first])
-            if arrival == 2:
-                await eventually(
-                    functools.partial(_died_or_through, crashing, settings, point, first),
-                    timeout=60,
-                    what=f"the first burst through {point}",
-                )
-            await produce(settings, [event(correlation=c) for c in second])
-        code = await asyncio.to_thread(crashing.wait_exit, 60)
+        with _reaped(crashing):
+            crashing.wait_ready()
+            if not sweeping:
+                # Two bursts, so the crash lands on the first batch (@1) or a later one (@2).
+                # For @2 the second burst goes once the first is through the point, or once
+                # the daemon died already (the first burst took two batches): then the
+                # second arrival is certain, whatever the timing of the batches.
+                first, second = correlations[: count // 2], correlations[count // 2 :]
+                await produce(settings, [event(correlation=c) for c in first])
+                if arrival == 2:
+                    await eventually(
+                        functools.partial(_died_or_through, crashing, settings, point, first),
+                        timeout=60,
+                        what=f"the first burst through {point}",
+                    )
+                await produce(settings, [event(correlation=c) for c in second])
+            code = await asyncio.to_thread(crashing.wait_exit, 60)
         assert code == -signal.SIGKILL, crashing.output
         assert f"test crash point {point} reached" in crashing.output
 
-        recovering = DaemonProcess(process_env(settings))
-        recovering.wait_ready()
-        try:
-            await eventually(functools.partial(all_published, settings, total), timeout=60)
-        finally:
-            assert recovering.terminate() == 0, recovering.output
+        with _reaped(DaemonProcess(process_env(settings))) as recovering:
+            recovering.wait_ready()
+            try:
+                await eventually(functools.partial(all_published, settings, total), timeout=60)
+            finally:
+                assert recovering.terminate() == 0, recovering.output
     await check_exactly_once(settings, total)
 
 
@@ -106,26 +120,27 @@ async def test_sigterm_under_load_loses_and_doubles_nothing(settings: Settings) 
     total = env_flag("MATCHER_TEST_LOAD_EVENTS", 1500)
     correlations = register_waits(settings, total)
     events = [event(correlation=c) for c in correlations]
-    first = DaemonProcess(process_env(settings))
-    first.wait_ready()
-    # Paced, so the stop lands mid-stream: sent at once, the daemon had stored them all
-    # before its graceful stop finished, and the test had nothing left to check.
-    producing = asyncio.create_task(produce_paced(settings, events, pause=0.1))
-    await eventually(
-        lambda: (scalar(settings, "SELECT count(*) FROM matcher.outbox") or 0) > total // 10,
-        timeout=60,
-    )
-    assert await asyncio.to_thread(first.terminate) == 0, first.output
-    await producing
-    stored_at_stop = scalar(settings, "SELECT count(*) FROM matcher.inbox")
-    assert stored_at_stop < total, "the stop came too late to test anything"
+    with contextlib.ExitStack() as daemons:
+        first = daemons.enter_context(_reaped(DaemonProcess(process_env(settings))))
+        first.wait_ready()
+        # Paced, so the stop lands mid-stream: sent at once, the daemon had stored them all
+        # before its graceful stop finished, and the test had nothing left to check.
+        producing = asyncio.create_task(produce_paced(settings, events, pause=0.1))
+        await eventually(
+            lambda: (scalar(settings, "SELECT count(*) FROM matcher.outbox") or 0) > total // 10,
+            timeout=60,
+        )
+        assert await asyncio.to_thread(first.terminate) == 0, first.output
+        await producing
+        stored_at_stop = scalar(settings, "SELECT count(*) FROM matcher.inbox")
+        assert stored_at_stop < total, "the stop came too late to test anything"
 
-    second = DaemonProcess(process_env(settings))
-    second.wait_ready()
-    try:
-        await eventually(lambda: all_published(settings, total), timeout=120)
-    finally:
-        assert second.terminate() == 0, second.output
+        second = daemons.enter_context(_reaped(DaemonProcess(process_env(settings))))
+        second.wait_ready()
+        try:
+            await eventually(lambda: all_published(settings, total), timeout=120)
+        finally:
+            assert second.terminate() == 0, second.output
     await check_exactly_once(settings, total)
 
 
@@ -138,21 +153,25 @@ async def test_members_join_and_leave_the_group_under_load(settings: Settings) -
     def resolved() -> int:
         return int(scalar(settings, "SELECT count(*) FROM matcher.outbox") or 0)
 
-    a = DaemonProcess(process_env(settings))
-    a.wait_ready()
-    producing = asyncio.create_task(produce_paced(settings, events, pause=0.05))
-    await eventually(lambda: resolved() > total // 8, timeout=60)
-    b = DaemonProcess(process_env(settings))
-    b.wait_ready()
-    await eventually(lambda: resolved() > total // 3, timeout=60)
-    assert await asyncio.to_thread(a.terminate) == 0, a.output
-    c = DaemonProcess(process_env(settings))
-    c.wait_ready()
-    await eventually(lambda: resolved() > total // 2, timeout=60)
-    b.kill()  # its partitions move once the group notices (session timeout)
-    await producing
-    try:
-        await eventually(lambda: all_published(settings, total), timeout=120)
-    finally:
-        assert await asyncio.to_thread(c.terminate) == 0, c.output
+    with contextlib.ExitStack() as daemons:
+
+        def daemon() -> DaemonProcess:
+            started = daemons.enter_context(_reaped(DaemonProcess(process_env(settings))))
+            started.wait_ready()
+            return started
+
+        a = daemon()
+        producing = asyncio.create_task(produce_paced(settings, events, pause=0.05))
+        await eventually(lambda: resolved() > total // 8, timeout=60)
+        b = daemon()
+        await eventually(lambda: resolved() > total // 3, timeout=60)
+        assert await asyncio.to_thread(a.terminate) == 0, a.output
+        c = daemon()
+        await eventually(lambda: resolved() > total // 2, timeout=60)
+        b.kill()  # its partitions move once the group notices (session timeout)
+        await producing
+        try:
+            await eventually(lambda: all_published(settings, total), timeout=120)
+        finally:
+            assert await asyncio.to_thread(c.terminate) == 0, c.output
     await check_exactly_once(settings, total)
