@@ -12,6 +12,10 @@ from pathlib import Path
 
 import pytest
 
+# The first run on a machine builds promtool from source (up to 20 minutes, bounded in
+# the fixture): longer than the default test timeout.
+pytestmark = pytest.mark.timeout(1500)
+
 ROOT = Path(__file__).parents[2]
 RULES = ROOT / "ops" / "prometheus"
 

@@ -15,6 +15,10 @@ from typing import Any, cast
 import pytest
 import yaml
 
+# The first run on a machine builds helm from source (up to 20 minutes, bounded in the
+# fixture): longer than the default test timeout.
+pytestmark = pytest.mark.timeout(1500)
+
 ROOT = Path(__file__).parents[2]
 CHART = ROOT / "helm" / "matcher"
 OPS = ROOT / "ops"
