@@ -45,7 +45,7 @@ from typer._click import exceptions as click_errors
 from typer.core import TyperGroup, TyperOption
 
 from matcher import __version__
-from matcher.config import Settings, _describe
+from matcher.config import KafkaSettings, Settings, _describe
 
 if TYPE_CHECKING:
     from matcher.store.views import View
@@ -180,7 +180,7 @@ def _given(field: str, settings: Settings | None, overrides: Mapping[str, Any]) 
     )
 
 
-def _configure_logging(settings: Settings) -> None:
+def _configure_logging(settings: KafkaSettings) -> None:
     from matcher import logs
 
     logs.configure(settings.log_level, settings.log_format)
@@ -327,6 +327,58 @@ def run(
         _fail([f"matcher: cannot start: {_one_line(exc)}"], code)
     except LoopFailed as exc:
         _fail([f"matcher: stopped because a loop failed: {exc} (the log above says why)"])
+
+
+@app.command()
+def ingress(
+    address: Annotated[
+        str | None,
+        typer.Option(
+            "--address",
+            envvar="MATCHER_INGRESS_ADDRESS",
+            help="HOST:PORT to listen on for webhooks (port 0: any free port).",
+            show_default="127.0.0.1:8080",
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Log one JSON object per line (MATCHER_LOG_FORMAT).")
+    ] = False,
+) -> None:
+    """Run the webhook ingress until SIGTERM or Ctrl-C (then drain and exit 0).
+
+    Serves POST /v1/webhooks/{producer}: authenticates the sender with the producer's keys
+    and scheme from MATCHER_PRODUCERS_FILE, and answers 202 once Kafka acknowledged the
+    record on the events topic (the daemon verifies it again). Also /healthz, /readyz
+    (Kafka reachable) and /metrics. Needs Kafka and the producers file, no database.
+    """
+    from matcher.auth.registry import RegistryError
+    from matcher.config import ConfigError, load_ingress_settings
+    from matcher.ingress.server import run as run_ingress
+
+    overrides: dict[str, Any] = {}
+    if address is not None:
+        overrides["ingress_address"] = address
+    if as_json:
+        overrides["log_format"] = "json"
+    try:
+        settings = load_ingress_settings(**overrides)
+    except ConfigError as exc:
+        _fail([f"matcher: configuration error: {p}" for p in exc.problems], code=EXIT_USAGE)
+    if settings.producers_file is None:
+        _fail(
+            [
+                "matcher: configuration error: MATCHER_PRODUCERS_FILE is not set: the "
+                "ingress authenticates every sender with the keys it names"
+            ],
+            code=EXIT_USAGE,
+        )
+    _configure_logging(settings)
+    try:
+        asyncio.run(run_ingress(settings))
+    except RegistryError as exc:
+        _fail([f"matcher: cannot start: {_one_line(exc)}"], code=EXIT_USAGE)
+    except OSError as exc:
+        _fail([f"matcher: cannot listen on {settings.ingress_address}: {exc.strerror or exc}"])
 
 
 @app.command()

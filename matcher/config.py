@@ -33,8 +33,10 @@ class ConfigError(Exception):
         self.problems = problems
 
 
-class Settings(BaseSettings):
-    """The daemon's and the CLI's settings. Field ``foo`` is read from ``MATCHER_FOO``."""
+class KafkaSettings(BaseSettings):
+    """What every process that reads or writes the events topic needs: Kafka, the producer
+    registry and the gate's limits, logging. The ingress (no database) runs on these alone.
+    Field ``foo`` is read from ``MATCHER_FOO``."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -47,9 +49,6 @@ class Settings(BaseSettings):
     kafka_bootstrap_servers: str = Field(
         description="Comma-separated host:port list of Kafka brokers.",
     )
-    database_url: SecretStr = Field(
-        description="libpq connection URI of the Postgres database (postgresql://...).",
-    )
 
     # Kafka security passes straight through to the clients.
     kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
@@ -60,20 +59,12 @@ class Settings(BaseSettings):
     kafka_ssl_certfile: str | None = None
     kafka_ssl_keyfile: str | None = None
 
-    # Topics and the consumer group.
     events_topic: str = "matcher.events"
-    resume_topic: str = "matcher.resumes"
-    topic_partitions: int = Field(default=6, ge=1, le=10_000)
-    # Unset: three replicas, or one per broker on a cluster with fewer than three.
-    topic_replication_factor: int | None = Field(default=None, ge=1, le=32)
-    consumer_group: str = Field(default="matcher", min_length=1)
-
-    # Postgres pool.
-    db_pool_min_size: int = Field(default=2, ge=1)
-    db_pool_max_size: int = Field(default=8, ge=1)
 
     # Producers: who may send what, with which keys (see matcher.auth.registry).
     producers_file: Path | None = None
+    # How often the producers file is checked for changes (SIGHUP reloads at once).
+    producers_reload_interval_s: float = Field(default=2.0, gt=0)
     # Local development only: accept events without signatures (logged loudly at start).
     allow_unsigned: bool = False
     signature_tolerance_s: float = Field(default=300.0, gt=0)
@@ -84,6 +75,93 @@ class Settings(BaseSettings):
     max_signatures: int = Field(default=8, ge=1, le=100)
     # A record batch decompressed past this is refused whole (a compression bomb).
     max_batch_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024)
+    # Logging.
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["text", "json"] = "text"
+
+    # How long startup waits for Kafka and Postgres before giving up, in seconds.
+    startup_timeout_s: float = Field(default=30.0, gt=0)
+
+    @field_validator("log_level", "kafka_security_protocol", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("kafka_bootstrap_servers")
+    @classmethod
+    def _check_bootstrap(cls, value: str) -> str:
+        servers = [s.strip() for s in value.split(",") if s.strip()]
+        if not servers:
+            raise ValueError("must list at least one host:port")
+        for server in servers:
+            match = _HOST_PORT_RE.match(server)
+            if match is None or not 1 <= int(match.group(2)) <= 65535:
+                raise ValueError(f"each entry must be host:port, and {server!r} is not")
+        return ",".join(servers)
+
+    @field_validator("events_topic")
+    @classmethod
+    def _check_events_topic(cls, value: str) -> str:
+        return check_topic(value)
+
+    @model_validator(mode="after")
+    def _check_sasl(self) -> Self:
+        if self.kafka_security_protocol.startswith("SASL_") and self.kafka_sasl_mechanism is None:
+            raise ValueError("MATCHER_KAFKA_SASL_MECHANISM is required with a SASL_* protocol")
+        return self
+
+    def policy(self) -> Policy:
+        """The gate's limits and rules, from these settings."""
+        return Policy(
+            require_signatures=not self.allow_unsigned,
+            timestamp_tolerance=timedelta(seconds=self.signature_tolerance_s),
+            max_value_bytes=self.max_event_bytes,
+            max_header_bytes=self.max_header_bytes,
+            max_headers=self.max_headers,
+            max_json_depth=self.max_json_depth,
+            max_signatures=self.max_signatures,
+        )
+
+    def kafka_client_options(self) -> dict[str, Any]:
+        """Keyword arguments every aiokafka client gets (servers and security)."""
+        options: dict[str, Any] = {
+            "bootstrap_servers": self.kafka_bootstrap_servers,
+            "security_protocol": self.kafka_security_protocol,
+        }
+        if self.kafka_security_protocol in ("SSL", "SASL_SSL"):
+            from aiokafka.helpers import create_ssl_context
+
+            options["ssl_context"] = create_ssl_context(
+                cafile=self.kafka_ssl_cafile,
+                certfile=self.kafka_ssl_certfile,
+                keyfile=self.kafka_ssl_keyfile,
+            )
+        if self.kafka_sasl_mechanism is not None:
+            options["sasl_mechanism"] = self.kafka_sasl_mechanism
+            options["sasl_plain_username"] = self.kafka_sasl_username
+            if self.kafka_sasl_password is not None:
+                options["sasl_plain_password"] = self.kafka_sasl_password.get_secret_value()
+        return options
+
+
+class Settings(KafkaSettings):
+    """The daemon's and the CLI's settings. Field ``foo`` is read from ``MATCHER_FOO``."""
+
+    database_url: SecretStr = Field(
+        description="libpq connection URI of the Postgres database (postgresql://...).",
+    )
+
+    # Topics and the consumer group (the events topic is in KafkaSettings).
+    resume_topic: str = "matcher.resumes"
+    topic_partitions: int = Field(default=6, ge=1, le=10_000)
+    # Unset: three replicas, or one per broker on a cluster with fewer than three.
+    topic_replication_factor: int | None = Field(default=None, ge=1, le=32)
+    consumer_group: str = Field(default="matcher", min_length=1)
+
+    # Postgres pool.
+    db_pool_min_size: int = Field(default=2, ge=1)
+    db_pool_max_size: int = Field(default=8, ge=1)
+
     # A rejected record's value is kept whole up to this (then a prefix, its size and
     # SHA-256: not replayable), so the quarantine cannot grow faster than this per record.
     quarantine_keep_bytes: int = Field(default=64 * 1024, ge=1024)
@@ -94,8 +172,6 @@ class Settings(BaseSettings):
     # The longest one Kafka call of the dead-letter copy may take; past it the producer is
     # torn down and rebuilt (the copy is dropped and counted).
     dead_letter_call_timeout_s: float = Field(default=15.0, gt=0)
-    # How often the producers file is checked for changes (SIGHUP reloads at once).
-    producers_reload_interval_s: float = Field(default=2.0, gt=0)
 
     # Ingest: records per batch (one transaction each) and how long a poll waits for them.
     ingest_batch_max: int = Field(default=500, ge=1, le=100_000)
@@ -140,18 +216,6 @@ class Settings(BaseSettings):
     # How often system-wide gauges are read from Postgres.
     stats_interval_s: float = Field(default=5.0, gt=0)
 
-    # Logging.
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    log_format: Literal["text", "json"] = "text"
-
-    # How long startup waits for Kafka and Postgres before giving up, in seconds.
-    startup_timeout_s: float = Field(default=30.0, gt=0)
-
-    @field_validator("log_level", "kafka_security_protocol", mode="before")
-    @classmethod
-    def _upper(cls, value: Any) -> Any:
-        return value.upper() if isinstance(value, str) else value
-
     @field_validator("inbox_retention", "inbox_purge_after", "quarantine_retention", mode="before")
     @classmethod
     def _seconds(cls, value: Any) -> Any:
@@ -171,26 +235,10 @@ class Settings(BaseSettings):
     @field_validator("admin_address")
     @classmethod
     def _check_admin_address(cls, value: str) -> str:
-        match = _HOST_PORT_RE.match(value)
-        if match is None or not 0 <= int(match.group(2)) <= 65535:
-            raise ValueError("must be HOST:PORT (port 0: any free port)")
-        return value
+        return check_address(value)
 
     def admin_host_port(self) -> tuple[str, int]:
-        host, _, port = self.admin_address.rpartition(":")
-        return host.strip("[]"), int(port)
-
-    @field_validator("kafka_bootstrap_servers")
-    @classmethod
-    def _check_bootstrap(cls, value: str) -> str:
-        servers = [s.strip() for s in value.split(",") if s.strip()]
-        if not servers:
-            raise ValueError("must list at least one host:port")
-        for server in servers:
-            match = _HOST_PORT_RE.match(server)
-            if match is None or not 1 <= int(match.group(2)) <= 65535:
-                raise ValueError(f"each entry must be host:port, and {server!r} is not")
-        return ",".join(servers)
+        return host_port(self.admin_address)
 
     @field_validator("database_url")
     @classmethod
@@ -200,14 +248,10 @@ class Settings(BaseSettings):
             raise ValueError("must be a postgresql:// URI")
         return value
 
-    @field_validator("events_topic", "resume_topic", "dead_letter_topic")
+    @field_validator("resume_topic", "dead_letter_topic")
     @classmethod
     def _check_topic(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        if not _TOPIC_RE.match(value) or value in (".", ".."):
-            raise ValueError("a Kafka topic name is 1-249 of the characters A-Z a-z 0-9 . _ -")
-        return value
+        return value if value is None else check_topic(value)
 
     @model_validator(mode="after")
     def _check_relations(self) -> Self:
@@ -223,42 +267,51 @@ class Settings(BaseSettings):
             )
         if self.db_pool_min_size > self.db_pool_max_size:
             raise ValueError("MATCHER_DB_POOL_MIN_SIZE must not exceed MATCHER_DB_POOL_MAX_SIZE")
-        if self.kafka_security_protocol.startswith("SASL_") and self.kafka_sasl_mechanism is None:
-            raise ValueError("MATCHER_KAFKA_SASL_MECHANISM is required with a SASL_* protocol")
         return self
 
-    def policy(self) -> Policy:
-        """The gate's limits and rules, from these settings."""
-        return Policy(
-            require_signatures=not self.allow_unsigned,
-            timestamp_tolerance=timedelta(seconds=self.signature_tolerance_s),
-            max_value_bytes=self.max_event_bytes,
-            max_header_bytes=self.max_header_bytes,
-            max_headers=self.max_headers,
-            max_json_depth=self.max_json_depth,
-            max_signatures=self.max_signatures,
-        )
 
-    def kafka_client_options(self) -> dict[str, Any]:
-        """Keyword arguments every aiokafka client gets (servers and security)."""
-        options: dict[str, Any] = {
-            "bootstrap_servers": self.kafka_bootstrap_servers,
-            "security_protocol": self.kafka_security_protocol,
-        }
-        if self.kafka_security_protocol in ("SSL", "SASL_SSL"):
-            from aiokafka.helpers import create_ssl_context
+class IngressSettings(KafkaSettings):
+    """``matcher ingress``: the webhook ingress (Kafka and the producers file; no database)."""
 
-            options["ssl_context"] = create_ssl_context(
-                cafile=self.kafka_ssl_cafile,
-                certfile=self.kafka_ssl_certfile,
-                keyfile=self.kafka_ssl_keyfile,
-            )
-        if self.kafka_sasl_mechanism is not None:
-            options["sasl_mechanism"] = self.kafka_sasl_mechanism
-            options["sasl_plain_username"] = self.kafka_sasl_username
-            if self.kafka_sasl_password is not None:
-                options["sasl_plain_password"] = self.kafka_sasl_password.get_secret_value()
-        return options
+    # Where it listens. Port 0: any free port (the address is logged at start).
+    ingress_address: str = "127.0.0.1:8080"
+    # Requests handled at once; past it a request gets 503 with Retry-After at once.
+    ingress_max_concurrency: int = Field(default=64, ge=1, le=100_000)
+    # Open connections at most (idle keep-alive ones included); past it, 503.
+    ingress_max_connections: int = Field(default=1024, ge=1, le=1_000_000)
+    # The whole request (headers and body) must arrive within this, or the connection is
+    # closed (headers) or answered 408 (body): a slow client cannot hold a slot.
+    ingress_read_timeout_s: float = Field(default=10.0, gt=0)
+    # Kafka must acknowledge a record within this; past it the sender gets 503.
+    ingress_produce_timeout_s: float = Field(default=10.0, gt=0)
+    # SIGTERM: stop accepting, let in-flight requests finish for at most this long.
+    ingress_drain_timeout_s: float = Field(default=20.0, gt=0)
+
+    @field_validator("ingress_address")
+    @classmethod
+    def _check_ingress_address(cls, value: str) -> str:
+        return check_address(value)
+
+    def ingress_host_port(self) -> tuple[str, int]:
+        return host_port(self.ingress_address)
+
+
+def check_address(value: str) -> str:
+    match = _HOST_PORT_RE.match(value)
+    if match is None or not 0 <= int(match.group(2)) <= 65535:
+        raise ValueError("must be HOST:PORT (port 0: any free port)")
+    return value
+
+
+def host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def check_topic(value: str) -> str:
+    if not _TOPIC_RE.match(value) or value in (".", ".."):
+        raise ValueError("a Kafka topic name is 1-249 of the characters A-Z a-z 0-9 . _ -")
+    return value
 
 
 def _describe(error: Any) -> str:
@@ -282,5 +335,13 @@ def load_settings(**overrides: Any) -> Settings:
     """Read the settings from the environment; raise ConfigError listing every problem."""
     try:
         return Settings(**overrides)
+    except ValidationError as exc:
+        raise ConfigError([_describe(e) for e in exc.errors()]) from None
+
+
+def load_ingress_settings(**overrides: Any) -> IngressSettings:
+    """The ingress's settings from the environment; ConfigError lists every problem."""
+    try:
+        return IngressSettings(**overrides)
     except ValidationError as exc:
         raise ConfigError([_describe(e) for e in exc.errors()]) from None

@@ -24,13 +24,23 @@ from pydantic import ValidationError
 
 from matcher.auth.policy import Policy
 from matcher.auth.record import Claim, RawRecord, View, claim, parse_time, read_view
-from matcher.auth.registry import Producer, Registry
+from matcher.auth.registry import Producer, Registry, Webhook
 from matcher.auth.signatures import (
     TooManySignatures,
     binary_content,
     offered_signatures,
     signed_bytes,
     verify,
+)
+from matcher.auth.strict_json import JsonRefused, loads
+from matcher.auth.webhooks import (
+    GITHUB_SIGNATURE,
+    STRIPE_SIGNATURE,
+    BadStripeHeader,
+    Unmappable,
+    github_signature_ok,
+    stripe_parts,
+    stripe_signature_ok,
 )
 from matcher.domain.events import DATA_READ_STRICTLY, CompletionEvent, Rejection
 
@@ -50,6 +60,12 @@ def judge(record: RawRecord, registry: Registry, policy: Policy) -> CompletionEv
     if isinstance(claimed, Rejection):
         return claimed
     producer = registry.producers.get(claimed.source)
+    if claimed.webhook:
+        return _judge_webhook(record, claimed, producer, registry, policy)
+    if producer is not None and producer.webhook is not None:
+        return claimed.partial.reject(
+            "unknown_producer", f"{claimed.source!r} sends plain webhooks, not CloudEvents"
+        )
     # Unsigned events pass only where the operator allowed them and named no producers; a
     # registered producer always signs, and a signature that is present is always checked.
     signed = b"webhook-signature" in claimed.reserved
@@ -160,6 +176,20 @@ def _seen(event: CompletionEvent) -> dict[str, str]:
 def _check_signature(
     record: RawRecord, claimed: Claim, producer: Producer, policy: Policy
 ) -> Rejection | None:
+    value = record.value or b""
+    content = value if claimed.structured else binary_content(claimed.reserved, value)
+    return _standard_signature(record, claimed, producer, policy, content, claimed.id)
+
+
+def _standard_signature(
+    record: RawRecord,
+    claimed: Claim,
+    producer: Producer,
+    policy: Policy,
+    content: bytes,
+    event_id: str | None,
+) -> Rejection | None:
+    """Standard Webhooks over ``content``; ``event_id``: what webhook-id must equal."""
     webhook_id = claimed.reserved.get(b"webhook-id")
     timestamp = claimed.reserved.get(b"webhook-timestamp")
     signature = claimed.reserved.get(b"webhook-signature")
@@ -167,28 +197,99 @@ def _check_signature(
         return Rejection(
             "bad_signature", "webhook-id, webhook-timestamp and webhook-signature are required"
         )
-    if not hmac.compare_digest(webhook_id, claimed.id.encode()):
+    if event_id is not None and not hmac.compare_digest(webhook_id, event_id.encode()):
         return Rejection("bad_signature", "webhook-id differs from the CloudEvent id")
+    stale = _stale(timestamp, "webhook-timestamp", record, policy)
+    if stale is not None:
+        return stale
+    try:
+        offered = offered_signatures(signature, policy.max_signatures)
+    except TooManySignatures as exc:
+        return Rejection("limit_exceeded", str(exc))
+    if verify(offered, signed_bytes(webhook_id, timestamp, content), producer.keys) is None:
+        return Rejection("bad_signature", "no signature matches an active key of the producer")
+    return None
+
+
+def _stale(timestamp: bytes, name: str, record: RawRecord, policy: Policy) -> Rejection | None:
+    """Whether a signed timestamp is malformed or outside the tolerance of the arrival."""
     if not _UNIX_SECONDS.fullmatch(timestamp):
-        return Rejection("bad_signature", "webhook-timestamp must be Unix seconds (1-12 digits)")
+        return Rejection("bad_signature", f"{name} must be Unix seconds (1-12 digits)")
     arrived = record.arrived_at.astimezone(UTC).timestamp()
     skew = abs(arrived - int(timestamp))
     tolerance = policy.timestamp_tolerance.total_seconds()
     if skew > tolerance:
         return Rejection(
             "expired_timestamp",
-            f"webhook-timestamp is {skew:.0f}s from the record's arrival; the tolerance is "
-            f"{tolerance:.0f}s",
+            f"{name} is {skew:.0f}s from the record's arrival; the tolerance is {tolerance:.0f}s",
         )
-    try:
-        offered = offered_signatures(signature, policy.max_signatures)
-    except TooManySignatures as exc:
-        return Rejection("limit_exceeded", str(exc))
-    value = record.value or b""
-    content = value if claimed.structured else binary_content(claimed.reserved, value)
-    if verify(offered, signed_bytes(webhook_id, timestamp, content), producer.keys) is None:
-        return Rejection("bad_signature", "no signature matches an active key of the producer")
     return None
+
+
+def _judge_webhook(
+    record: RawRecord,
+    claimed: Claim,
+    producer: Producer | None,
+    registry: Registry,
+    policy: Policy,
+) -> CompletionEvent | Rejection:
+    """A forwarded plain webhook: its scheme's signature, then its mapping."""
+    if producer is None or producer.webhook is None:
+        return claimed.partial.reject(
+            "unknown_producer", f"no webhook producer {claimed.source!r} is registered"
+        )
+    refused = _check_webhook_signature(record, claimed, producer, producer.webhook, policy)
+    if refused is not None:
+        return claimed.partial.reject(refused.reason, refused.detail)
+    event = _map_webhook(record, claimed, producer.webhook, policy)
+    if isinstance(event, Rejection):
+        return event
+    refused = _check_allowed(event, producer, registry)
+    return event if refused is None else Rejection(refused.reason, refused.detail, _seen(event))
+
+
+def _check_webhook_signature(
+    record: RawRecord, claimed: Claim, producer: Producer, webhook: Webhook, policy: Policy
+) -> Rejection | None:
+    body = record.value or b""
+    if webhook.scheme == "standard-webhooks":
+        return _standard_signature(record, claimed, producer, policy, body, None)
+    secrets = tuple(k.hmac_secret for k in producer.keys if k.hmac_secret is not None)
+    if webhook.scheme == "github":
+        header = claimed.reserved.get(GITHUB_SIGNATURE)
+        if header is None:
+            return Rejection("bad_signature", "x-hub-signature-256 is required")
+        if not github_signature_ok(header, body, secrets):
+            return Rejection("bad_signature", "x-hub-signature-256 matches no key of the producer")
+        return None
+    header = claimed.reserved.get(STRIPE_SIGNATURE)
+    if header is None:
+        return Rejection("bad_signature", "stripe-signature is required")
+    try:
+        timestamp, offered = stripe_parts(header, policy.max_signatures)
+    except BadStripeHeader as exc:
+        return Rejection("bad_signature", str(exc))
+    stale = _stale(timestamp, "stripe-signature t", record, policy)
+    if stale is not None:
+        return stale
+    if not stripe_signature_ok(timestamp, offered, body, secrets):
+        return Rejection("bad_signature", "stripe-signature matches no key of the producer")
+    return None
+
+
+def _map_webhook(
+    record: RawRecord, claimed: Claim, webhook: Webhook, policy: Policy
+) -> CompletionEvent | Rejection:
+    try:
+        body = loads(record.value or b"", max_depth=policy.max_json_depth)
+    except JsonRefused as exc:
+        return claimed.partial.reject(exc.reason, f"body: {exc}")
+    try:
+        mapped = webhook.mapping.apply(body, claimed.reserved)
+    except Unmappable as exc:
+        return claimed.partial.reject("unmappable", str(exc)[:500])
+    attributes = {**mapped, "specversion": "1.0", "source": claimed.source}
+    return _event(View(False, claimed.reserved, attributes, body, claimed.media_type))
 
 
 def _check_allowed(

@@ -4,7 +4,9 @@ A record is (key, headers, value) as a transport delivered it. The reading is de
 exact bytes, and everything that another reader could take differently is refused:
 
 - the headers the gate reads are ``content-type``, ``webhook-id``, ``webhook-timestamp``,
-  ``webhook-signature`` and every ``ce_<attribute>``, spelled exactly so (lowercase ASCII).
+  ``webhook-signature``, every ``ce_<attribute>``, and for forwarded plain webhooks
+  ``matcher_webhook``, ``x-hub-signature-256`` and ``stripe-signature``, spelled exactly
+  so (lowercase ASCII).
   One that appears twice, or a name that folds to one of them under case, Unicode
   compatibility, spaces or ``-``/``_`` (``CE_TENANT``, ``Ce_type``, ``ce-tenant``,
   ``content-type `` ...), makes the record *ambiguous*: the CloudEvents SDK, for one,
@@ -30,6 +32,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from matcher.auth.strict_json import JsonRefused, loads
+from matcher.auth.webhooks import GITHUB_SIGNATURE, STRIPE_SIGNATURE, WEBHOOK_HEADER
 from matcher.domain.events import Rejection, unstorable
 
 Header = tuple[bytes, bytes | None]
@@ -45,10 +48,11 @@ OPTIONAL = ("jobid", "time")
 _READ = (*REQUIRED, *OPTIONAL)
 _READ_HEADERS = tuple((name, b"ce_" + name.encode()) for name in _READ)
 
-_RESERVED = frozenset({CONTENT_TYPE, *WEBHOOK_HEADERS})
-_RESERVED_FOLDED = frozenset(
-    name.decode().replace("-", "_") for name in (CONTENT_TYPE, *WEBHOOK_HEADERS)
-)
+# Forwarded plain webhooks (matcher.auth.webhooks) add the producer's name and the
+# signature headers of GitHub and Stripe.
+_WEBHOOK_RESERVED = (WEBHOOK_HEADER, GITHUB_SIGNATURE, STRIPE_SIGNATURE)
+_RESERVED = frozenset({CONTENT_TYPE, *WEBHOOK_HEADERS, *_WEBHOOK_RESERVED})
+_RESERVED_FOLDED = frozenset(name.decode().replace("-", "_") for name in _RESERVED)
 # CloudEvents attribute names: lowercase ASCII letters and digits.
 _ATTRIBUTE_NAME = re.compile(rb"[a-z0-9]{1,64}")
 _MEDIA_TYPE = re.compile(r"[a-z0-9][a-z0-9!#$&^_.+-]*/[a-z0-9][a-z0-9!#$&^_.+-]*")
@@ -227,8 +231,9 @@ class Claim:
     reserved: dict[bytes, bytes]
     media_type: str | None
     source: str
-    id: str
+    id: str  # empty for a plain webhook: its id comes from the mapping, once verified
     partial: _Partial = field(compare=False)
+    webhook: bool = False  # a forwarded plain webhook (matcher_webhook names the producer)
 
 
 def claim(record: RawRecord) -> Claim | Rejection:
@@ -241,6 +246,8 @@ def claim(record: RawRecord) -> Claim | Rejection:
     kind = None if content_type is None else media_type(content_type)
     if isinstance(kind, Rejection):
         return partial.reject(kind.reason, kind.detail)
+    if WEBHOOK_HEADER in reserved:
+        return _webhook_claim(reserved, kind, partial)
     structured = kind == STRUCTURED_MEDIA_TYPE
     if not structured and kind is not None and kind.startswith("application/cloudevents"):
         return partial.reject(
@@ -250,6 +257,26 @@ def claim(record: RawRecord) -> Claim | Rejection:
     if isinstance(ids, Rejection):
         return partial.reject(ids.reason, ids.detail)
     return Claim(structured, reserved, kind, ids[0], ids[1], partial)
+
+
+def _webhook_claim(
+    reserved: dict[bytes, bytes], kind: str | None, partial: _Partial
+) -> Claim | Rejection:
+    mixed = sorted(name.decode() for name in reserved if name.startswith(CE_PREFIX))
+    if mixed:
+        return partial.reject(
+            "ambiguous",
+            f"a forwarded webhook is not a CloudEvent; {', '.join(mixed[:5])} beside "
+            "matcher_webhook would be a second reading",
+        )
+    if kind is None or not is_json_media_type(kind):
+        return partial.reject("malformed", f"a webhook's body must be JSON, not {kind!r}")
+    try:
+        producer = reserved[WEBHOOK_HEADER].decode("utf-8")
+    except UnicodeDecodeError:
+        return partial.reject("malformed", "matcher_webhook must be UTF-8")
+    partial.attributes["source"] = producer
+    return Claim(False, reserved, kind, producer, "", partial, webhook=True)
 
 
 def _binary_ids(reserved: dict[bytes, bytes]) -> tuple[str, str] | Rejection:

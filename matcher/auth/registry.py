@@ -15,6 +15,19 @@ A TOML file (``MATCHER_PRODUCERS_FILE``)::
 
 Several keys may be listed at once: that is how a key is rotated (add the new key, move
 the producers to it, remove the old one).
+
+A producer that sends plain JSON webhooks rather than CloudEvents (through ``matcher
+ingress``) has a ``webhook`` table: its signature scheme and the mapping from its body to
+the event (``matcher.auth.webhooks``)::
+
+    [producers."openai"]
+    tenants = ["acme"]
+    types = ["batch.completed"]
+    webhook.scheme = "standard-webhooks"      # or "github", "stripe"
+    webhook.mapping = { type = "{/type}", correlationid = "{/data/id}", tenant = "acme" }
+    [[producers."openai".keys]]
+    id = "k1"
+    hmac_secret = "whsec_..."                 # github and stripe: secret = "<as configured>"
 """
 
 from __future__ import annotations
@@ -31,6 +44,7 @@ from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from matcher.auth.signatures import VerifyingKey, decode_key
+from matcher.auth.webhooks import Scheme, WebhookMapping, compile_mapping
 
 
 class RegistryError(Exception):
@@ -43,11 +57,18 @@ class KeySpec(BaseModel):
     id: str = Field(min_length=1, description="Names the key in logs; unique per producer.")
     hmac_secret: str | None = Field(default=None, description="whsec_ + base64 secret.")
     ed25519_public_key: str | None = Field(default=None, description="whpk_ + base64 key.")
+    secret: str | None = Field(
+        default=None,
+        description="A github or stripe webhook's signing secret, exactly as the sender shows it.",
+    )
 
     @model_validator(mode="after")
     def _exactly_one(self) -> KeySpec:
-        if (self.hmac_secret is None) == (self.ed25519_public_key is None):
-            raise ValueError("give exactly one of hmac_secret or ed25519_public_key")
+        given = [self.hmac_secret, self.ed25519_public_key, self.secret]
+        if sum(k is not None for k in given) != 1:
+            raise ValueError("give exactly one of hmac_secret, ed25519_public_key or secret")
+        if self.secret is not None and not self.secret:
+            raise ValueError("secret is empty")
         if self.hmac_secret is not None:
             decode_key(self.hmac_secret, "whsec_")
         if (
@@ -58,11 +79,39 @@ class KeySpec(BaseModel):
         return self
 
     def verifying_key(self) -> VerifyingKey:
+        if self.secret is not None:  # used as the sender uses it: its UTF-8 bytes
+            return VerifyingKey(self.id, hmac_secret=self.secret.encode())
         if self.hmac_secret is not None:
             return VerifyingKey(self.id, hmac_secret=decode_key(self.hmac_secret, "whsec_"))
         assert self.ed25519_public_key is not None
         public = Ed25519PublicKey.from_public_bytes(decode_key(self.ed25519_public_key, "whpk_"))
         return VerifyingKey(self.id, ed25519_public_key=public)
+
+
+class MappingSpec(BaseModel):
+    """Templates (``matcher.auth.webhooks``) for the event's attributes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str | None = Field(
+        default=None,
+        description="The event id (the dedupe key). Default: {header:webhook-id} for "
+        "standard-webhooks, {/id} for stripe; required for github.",
+    )
+    type: str = Field(description='The event type, e.g. "{/type}".')
+    tenant: str = Field(description='A fixed tenant ("acme") or one from the body.')
+    correlationid: str = Field(description='What the wait waits for, e.g. "{/data/id}".')
+    jobid: str | None = Field(default=None, description="The external job's id (optional).")
+    time: str | None = Field(default=None, description="An RFC 3339 time from the body (optional).")
+
+
+class WebhookSpec(BaseModel):
+    """A producer that sends plain JSON webhooks, not CloudEvents."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    scheme: Scheme = Field(description="How the sender signs: standard-webhooks, github, stripe.")
+    mapping: MappingSpec
 
 
 class ProducerSpec(BaseModel):
@@ -71,6 +120,9 @@ class ProducerSpec(BaseModel):
     tenants: list[str] = Field(min_length=1, description='Tenants it may speak for; "*": any.')
     types: list[str] = Field(min_length=1, description='Event types it may send; "*": any.')
     keys: list[KeySpec] = Field(default_factory=list)
+    webhook: WebhookSpec | None = Field(
+        default=None, description="Set for plain JSON webhooks; absent: CloudEvents."
+    )
 
     @field_validator("keys")
     @classmethod
@@ -79,6 +131,30 @@ class ProducerSpec(BaseModel):
         if len(ids) != len(set(ids)):
             raise ValueError("key ids must be unique within a producer")
         return keys
+
+    @model_validator(mode="after")
+    def _keys_fit_the_scheme(self) -> ProducerSpec:
+        scheme = self.webhook.scheme if self.webhook is not None else None
+        raw = scheme in ("github", "stripe")
+        for key in self.keys:
+            if raw and key.secret is None:
+                raise ValueError(f'key {key.id!r}: a {scheme} key is a secret = "..."')
+            if not raw and key.secret is not None:
+                raise ValueError(
+                    f"key {key.id!r}: secret is for github and stripe webhooks; Standard "
+                    "Webhooks keys are hmac_secret (whsec_) or ed25519_public_key (whpk_)"
+                )
+        if self.webhook is not None:
+            compile_mapping(self.webhook.scheme, self.webhook.mapping.model_dump())
+        return self
+
+
+@dataclass(frozen=True)
+class Webhook:
+    """How a plain-webhook producer signs, and how its body maps to an event."""
+
+    scheme: Scheme
+    mapping: WebhookMapping
 
 
 class ProducersFile(BaseModel):
@@ -101,6 +177,7 @@ class Producer:
     tenants: frozenset[str]
     types: frozenset[str]
     keys: tuple[VerifyingKey, ...]
+    webhook: Webhook | None = None  # None: it sends CloudEvents
 
     def may_speak_for(self, tenant: str) -> bool:
         return "*" in self.tenants or tenant in self.tenants
@@ -159,6 +236,12 @@ def parse_registry(text: str, base: Path, origin: str = "(text)") -> Registry:
             tenants=frozenset(p.tenants),
             types=frozenset(p.types),
             keys=tuple(k.verifying_key() for k in p.keys),
+            webhook=None
+            if p.webhook is None
+            else Webhook(
+                p.webhook.scheme,
+                compile_mapping(p.webhook.scheme, p.webhook.mapping.model_dump()),
+            ),
         )
         for source, p in spec.producers.items()
     }

@@ -13,15 +13,24 @@ import logging
 import signal
 from pathlib import Path
 
+from prometheus_client import Counter, Gauge
+
 from matcher.auth.registry import Registry, RegistryError, load_registry
-from matcher.config import Settings
+from matcher.config import KafkaSettings
 from matcher.metrics import REGISTRY_RELOAD_FAILING, REGISTRY_RELOADS
 
 log = logging.getLogger("matcher.registry")
 
 
 class RegistryHolder:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        reloads: Counter = REGISTRY_RELOADS,
+        failing: Gauge = REGISTRY_RELOAD_FAILING,
+    ) -> None:
+        # The ingress passes metrics of its own registry (it exports no daemon metrics).
+        self._reloads, self._failing = reloads, failing
         self._settings = settings
         self._path: Path | None = settings.producers_file
         self._stamp: tuple[float, int] | None = None
@@ -53,16 +62,16 @@ class RegistryHolder:
         try:
             registry = load_registry(self._path)
         except RegistryError as exc:
-            REGISTRY_RELOADS.labels("failed").inc()
-            REGISTRY_RELOAD_FAILING.set(1)
+            self._reloads.labels("failed").inc()
+            self._failing.set(1)
             log.error(
                 "producer registry not reloaded; the last good one stays in force",
                 extra={"file": str(self._path), "why": why, "error": str(exc)},
             )
             return False
         self.current = registry
-        REGISTRY_RELOADS.labels("ok").inc()
-        REGISTRY_RELOAD_FAILING.set(0)
+        self._reloads.labels("ok").inc()
+        self._failing.set(0)
         log.info(
             "producer registry reloaded",
             extra={"file": str(self._path), "why": why, "producers": len(registry.producers)},

@@ -170,6 +170,8 @@ REASONS: dict[str, str] = {
     "ambiguous": "the record has more than one reading: a header the gate reads appears "
     "twice or under another spelling (case, width, spaces), or structured mode comes with "
     "ce_ headers",
+    "unmappable": "a plain webhook whose signed body lacks what its producer's mapping "
+    "reads (a missing field, or one that is not a string or an integer)",
     "limit_exceeded": "past a structural bound: JSON nesting, header count, or signatures "
     "per record",
     "too_large": "the value, or the key and headers together, exceed the byte limits",

@@ -1,0 +1,183 @@
+"""The ingress's HTTP API: ``POST /v1/webhooks/{producer}``, health, readiness, metrics.
+
+A request is read within a deadline and a size bound, judged by the gate (the same code
+and keys the daemon judges the record with again), and published to the events topic;
+the sender gets 202 only after Kafka acknowledged it. Answers carry a reason code and
+nothing of the request; bodies are never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.requests import ClientDisconnect
+
+from matcher import __version__
+from matcher.auth.gate import judge
+from matcher.auth.registry import Producer, Registry
+from matcher.config import IngressSettings
+from matcher.domain.events import CompletionEvent
+from matcher.ingress.forwarder import KafkaUnavailable
+from matcher.ingress.metrics import (
+    IN_FLIGHT,
+    REGISTRY,
+    REQUEST_DURATION,
+    REQUESTS,
+    UNKNOWN_PRODUCER,
+)
+from matcher.ingress.requests import Refusal, refusal, to_record
+
+log = logging.getLogger("matcher.ingress")
+
+# Judged in a worker thread past this size, so a large body's JSON walk does not hold
+# the event loop (and with it every other request).
+_THREAD_JUDGE_BYTES = 64 * 1024
+# Details safe to log: made of matcher's own words and numbers, nothing from the body.
+_LOGGED_DETAIL = frozenset(
+    {"bad_signature", "expired_timestamp", "too_large", "limit_exceeded", "timeout"}
+)
+_RETRY_AFTER_S = {"overloaded": "1", "kafka_unavailable": "5"}
+_SAFE_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+
+Send = Callable[[bytes, bytes, list[tuple[str, bytes]]], Awaitable[tuple[int, int]]]
+
+
+@dataclass
+class IngressState:
+    settings: IngressSettings
+    registry: Callable[[], Registry]
+    send: Send
+    kafka_reachable: Callable[[], Awaitable[bool]]
+    stopping: asyncio.Event
+
+
+def create_app(state: IngressState) -> FastAPI:
+    app = FastAPI(
+        title="matcher webhook ingress",
+        version=__version__,
+        docs_url=None,  # internet-facing: no interactive pages
+        redoc_url=None,
+        openapi_url=None,
+    )
+    slots = asyncio.Semaphore(state.settings.ingress_max_concurrency)
+
+    @app.get("/healthz")
+    async def healthz() -> JSONResponse:
+        return JSONResponse({"status": "ok"}, headers=_SAFE_HEADERS)
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        kafka = not state.stopping.is_set() and await state.kafka_reachable()
+        body = {"ready": kafka, "kafka": kafka, "draining": state.stopping.is_set()}
+        return JSONResponse(body, status_code=200 if kafka else 503, headers=_SAFE_HEADERS)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/webhooks/{producer}")
+    async def webhook(producer: str, request: Request) -> JSONResponse:
+        started = time.monotonic()
+        arrived = datetime.now(UTC)
+        found = state.registry().producers.get(producer)
+        label = producer if found is not None else UNKNOWN_PRODUCER
+        if found is None:
+            answer = _answer(label, Refusal("unknown_producer", "no such producer"), 404)
+        elif slots.locked():
+            answer = _answer(label, Refusal("overloaded", "every slot is busy"))
+        else:
+            async with slots:
+                IN_FLIGHT.inc()
+                try:
+                    answer = await _handle(state, found, request, arrived, started)
+                finally:
+                    IN_FLIGHT.dec()
+        REQUEST_DURATION.labels(label).observe(time.monotonic() - started)
+        return answer
+
+    return app
+
+
+async def _handle(
+    state: IngressState, producer: Producer, request: Request, arrived: datetime, started: float
+) -> JSONResponse:
+    settings = state.settings
+    deadline = started + settings.ingress_read_timeout_s
+    body = await _read_body(request, settings.max_event_bytes, deadline)
+    if isinstance(body, Refusal):
+        return _answer(producer.source, body)
+    record = to_record(producer, list(request.scope["headers"]), body, arrived)
+    if isinstance(record, Refusal):
+        return _answer(producer.source, record)
+    registry, policy = state.registry(), settings.policy()
+    if len(body) > _THREAD_JUDGE_BYTES:
+        judged = await asyncio.to_thread(judge, record, registry, policy)
+    else:
+        judged = judge(record, registry, policy)
+    if not isinstance(judged, CompletionEvent):
+        return _answer(producer.source, refusal(judged))
+    if judged.source != producer.source:
+        return _answer(
+            producer.source, Refusal("ambiguous", "the event's source is not the URL's producer")
+        )
+    key = f"{judged.tenant}\x1f{judged.correlationid}".encode()
+    headers = [(name.decode("ascii"), value or b"") for name, value in record.headers]
+    try:
+        partition, offset = await state.send(key, body, headers)
+    except KafkaUnavailable:
+        return _answer(producer.source, Refusal("kafka_unavailable", "not acknowledged"))
+    REQUESTS.labels(producer.source, "accepted").inc()
+    log.debug(
+        "webhook accepted",
+        extra={"producer": producer.source, "partition": partition, "offset": offset},
+    )
+    return JSONResponse({"accepted": True}, status_code=202, headers=_SAFE_HEADERS)
+
+
+async def _read_body(request: Request, limit: int, deadline: float) -> bytes | Refusal:
+    """The body, up to ``limit`` bytes, by ``deadline`` (monotonic); never buffered past
+    the limit."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return Refusal("too_large", f"content-length is over the limit of {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout_at(_loop_time(deadline)):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    return Refusal("too_large", f"the body is over the limit of {limit} bytes")
+                chunks.append(chunk)
+    except TimeoutError:
+        return Refusal("timeout", "the body did not arrive within the read timeout")
+    except ClientDisconnect:
+        return Refusal("timeout", "the client went away before its body arrived")
+    return b"".join(chunks)
+
+
+def _loop_time(monotonic_deadline: float) -> float:
+    loop = asyncio.get_running_loop()
+    return loop.time() + (monotonic_deadline - time.monotonic())
+
+
+def _answer(producer: str, refused: Refusal, status: int | None = None) -> JSONResponse:
+    REQUESTS.labels(producer, refused.reason).inc()
+    extra = {"producer": producer, "outcome": refused.reason}
+    if refused.reason in _LOGGED_DETAIL:
+        extra["detail"] = refused.detail
+    log.info("webhook refused", extra=extra)
+    headers = dict(_SAFE_HEADERS)
+    if refused.reason in _RETRY_AFTER_S:
+        headers["Retry-After"] = _RETRY_AFTER_S[refused.reason]
+    return JSONResponse(
+        {"reason": refused.reason}, status_code=status or refused.status, headers=headers
+    )

@@ -1,0 +1,167 @@
+"""An HTTP webhook request as the record the gate judges and the events topic receives.
+
+Pure: headers and body in, a ``RawRecord`` (or a refusal with its status) out. The
+record is what the daemon's gate will judge again, so the ingress and the daemon agree by
+construction, and trust nothing in between:
+
+- a CloudEvents producer's request becomes the Kafka binding of the same event: binary
+  mode's ``ce-<attr>`` headers become ``ce_<attr>`` (values percent-decoded, as the
+  CloudEvents HTTP binding says), structured mode's body goes as it is; ``content-type``
+  and the ``webhook-*`` signature headers are copied;
+- a plain-webhook producer's request keeps its body bytes and its scheme's signature
+  headers, and gains ``matcher_webhook: <producer>``; GitHub's unsigned
+  ``x-github-delivery`` and ``x-github-event`` go along for operators to read (the gate
+  does not).
+
+Every other header is dropped. An HTTP header that another hop could take for one of
+these (``ce_id``, ``webhook_signature``: proxies differ on underscores) is refused as
+ambiguous, and so is a header the gate reads given twice.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from urllib.parse import unquote_to_bytes
+
+from matcher.auth.record import (
+    CONTENT_TYPE,
+    STRUCTURED_MEDIA_TYPE,
+    WEBHOOK_HEADERS,
+    Header,
+    RawRecord,
+    folds,
+    is_json_media_type,
+    media_type,
+)
+from matcher.auth.registry import Producer
+from matcher.auth.webhooks import (
+    GITHUB_SIGNATURE,
+    STRIPE_SIGNATURE,
+    WEBHOOK_HEADER,
+)
+from matcher.domain.events import Rejection
+
+# HTTP status per reason: what senders' retry machinery understands (4xx: do not retry
+# as it is; 503: retry later).
+STATUS = {
+    "malformed": 400,
+    "unmappable": 400,
+    "ambiguous": 400,
+    "undecodable": 400,
+    "limit_exceeded": 400,
+    "schema_invalid": 400,
+    "bad_signature": 401,
+    "expired_timestamp": 401,
+    "unknown_producer": 401,  # the body names a source without a key here
+    "tenant_not_allowed": 403,
+    "type_not_allowed": 403,
+    "too_large": 413,
+    "unsupported_media_type": 415,
+    "timeout": 408,
+    "overloaded": 503,
+    "kafka_unavailable": 503,
+}
+
+_CE_HTTP_PREFIX = b"ce-"
+_INFORMATIONAL = (b"x-github-delivery", b"x-github-event")
+_COPIED = frozenset({CONTENT_TYPE, *WEBHOOK_HEADERS, GITHUB_SIGNATURE, STRIPE_SIGNATURE})
+# What an underscore spelling could be taken for by a proxy that maps '_' to '-'.
+_READ_FOLDED = frozenset(
+    n.decode().replace("-", "_") for n in (*_COPIED, WEBHOOK_HEADER, *_INFORMATIONAL)
+)
+_PERCENT = re.compile(rb"%(?![0-9A-Fa-f]{2})")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A request refused before or by the gate. ``detail`` is for the log only: a
+    response carries the reason code and nothing of the input."""
+
+    reason: str
+    detail: str
+
+    @property
+    def status(self) -> int:
+        return STATUS[self.reason]
+
+
+def refusal(rejection: Rejection) -> Refusal:
+    return Refusal(rejection.reason, rejection.detail)
+
+
+def to_record(
+    producer: Producer,
+    headers: list[tuple[bytes, bytes]],
+    body: bytes,
+    arrived_at: datetime,
+) -> RawRecord | Refusal:
+    """The record for ``producer``'s request (header names lowercase, as ASGI gives them)."""
+    kind = _content_type(producer, headers)
+    if isinstance(kind, Refusal):
+        return kind
+    forwarded: list[Header] = []
+    if producer.webhook is not None:
+        forwarded.append((WEBHOOK_HEADER, producer.source.encode()))
+    for name, value in headers:
+        header = _forwarded_header(name, value, cloudevents=producer.webhook is None)
+        if isinstance(header, Refusal):
+            return header
+        if header is not None:
+            forwarded.append(header)
+    return RawRecord(None, tuple(forwarded), body, arrived_at)
+
+
+def _content_type(producer: Producer, headers: list[tuple[bytes, bytes]]) -> str | Refusal:
+    given = [value for name, value in headers if name == CONTENT_TYPE]
+    if len(given) != 1:
+        return Refusal(
+            "unsupported_media_type" if not given else "ambiguous",
+            "content-type is missing" if not given else "content-type appears twice",
+        )
+    kind = media_type(given[0])
+    if isinstance(kind, Rejection):
+        return Refusal("unsupported_media_type", kind.detail)
+    if is_json_media_type(kind) or (producer.webhook is None and kind == STRUCTURED_MEDIA_TYPE):
+        return kind
+    hint = " (GitHub: set the webhook's content type to application/json)" * (
+        kind == "application/x-www-form-urlencoded"
+    )
+    return Refusal("unsupported_media_type", f"{kind} is not accepted{hint}")
+
+
+def _forwarded_header(name: bytes, value: bytes, *, cloudevents: bool) -> Header | Refusal | None:
+    if name.startswith(_CE_HTTP_PREFIX):
+        decoded = _percent_decoded(value)
+        if isinstance(decoded, Refusal):
+            return decoded
+        # The gate refuses ce_ headers beside a plain webhook (ambiguous): they go along.
+        return b"ce_" + name[3:], decoded if cloudevents else value
+    if name in _COPIED or name in _INFORMATIONAL:
+        return name, value
+    if b"_" in name and _lookalike(name):
+        return Refusal("ambiguous", "a header name with '_' stands for one matcher reads")
+    return None
+
+
+def _lookalike(name: bytes) -> bool:
+    try:
+        text = name.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return any(f in _READ_FOLDED or f.startswith("ce_") for f in folds(text))
+
+
+def _percent_decoded(value: bytes) -> bytes | Refusal:
+    """A ``ce-`` header's value, percent-decoded (CloudEvents HTTP binding, 3.1.3.2)."""
+    if b"%" not in value:
+        return value
+    if _PERCENT.search(value):
+        return Refusal("malformed", "a ce- header has a '%' that is not a %XX escape")
+    decoded = unquote_to_bytes(value)
+    try:
+        decoded.decode("utf-8")
+    except UnicodeDecodeError:
+        return Refusal("malformed", "a ce- header does not decode to UTF-8")
+    return decoded

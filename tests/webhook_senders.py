@@ -1,0 +1,126 @@
+"""Webhook requests as real senders make them, signed by independent libraries.
+
+The Standard Webhooks requests are signed by the ``standardwebhooks`` or ``svix``
+package, Stripe's by the ``stripe`` package, GitHub's as GitHub's documentation says (a
+test holds that to GitHub's published vector). Each returns lowercase header names and the
+exact body bytes, as an HTTP server hands them over.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import standardwebhooks
+import stripe
+from svix.webhooks import Webhook as SvixWebhook
+
+Headers = list[tuple[bytes, bytes]]
+
+STANDARD_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+GITHUB_SECRET = "It's a Secret to Everybody"
+STRIPE_SECRET = "whsec_test_7bYf3k2Lm9Qp"
+
+PRODUCERS_TOML = f'''
+[producers."openai"]
+tenants = ["acme"]
+types = ["batch.completed", "batch.failed"]
+webhook.scheme = "standard-webhooks"
+webhook.mapping = {{ type = "{{/type}}", correlationid = "{{/data/id}}", tenant = "acme" }}
+[[producers."openai".keys]]
+id = "k1"
+hmac_secret = "{STANDARD_SECRET}"
+
+[producers."github"]
+tenants = ["acme"]
+types = ["github.workflow_run.completed"]
+webhook.scheme = "github"
+[producers."github".webhook.mapping]
+id = "{{/workflow_run/id}}-{{/workflow_run/run_attempt}}-{{/action}}"
+type = "github.workflow_run.{{/action}}"
+correlationid = "{{/workflow_run/id}}"
+jobid = "{{/workflow_run/head_sha}}"
+tenant = "acme"
+[[producers."github".keys]]
+id = "k1"
+secret = "{GITHUB_SECRET}"
+
+[producers."stripe"]
+tenants = ["acme", "globex"]
+types = ["payment_intent.succeeded", "payment_intent.payment_failed"]
+webhook.scheme = "stripe"
+[producers."stripe".webhook.mapping]
+type = "{{/type}}"
+correlationid = "{{/data/object/id}}"
+tenant = "{{/data/object/metadata/tenant}}"
+[[producers."stripe".keys]]
+id = "k1"
+secret = "{STRIPE_SECRET}"
+'''
+
+
+def body_bytes(document: Any) -> bytes:
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+def openai_batch(batch_id: str, event_id: str = "evt_1", kind: str = "batch.completed") -> Any:
+    return {"id": event_id, "object": "event", "created_at": int(time.time()), "type": kind,
+            "data": {"id": batch_id}}  # fmt: skip
+
+
+def standard_request(
+    body: bytes,
+    msg_id: str,
+    secret: str = STANDARD_SECRET,
+    when: datetime | None = None,
+    library: str = "standardwebhooks",
+) -> Headers:
+    when = when or datetime.now(UTC)
+    signer = (
+        standardwebhooks.Webhook(secret) if library == "standardwebhooks" else SvixWebhook(secret)
+    )
+    signature = signer.sign(msg_id, when, body.decode())
+    return [
+        (b"content-type", b"application/json"),
+        (b"webhook-id", msg_id.encode()),
+        (b"webhook-timestamp", str(int(when.timestamp())).encode()),
+        (b"webhook-signature", signature.encode()),
+    ]
+
+
+def github_workflow_run(run_id: int, attempt: int = 1, action: str = "completed") -> Any:
+    return {"action": action, "workflow_run": {"id": run_id, "run_attempt": attempt,
+            "head_sha": "9f2c1d0", "status": "completed", "conclusion": "success"},
+            "repository": {"full_name": "acme/app"}}  # fmt: skip
+
+
+def github_signature(body: bytes, secret: str = GITHUB_SECRET) -> bytes:
+    # GitHub: "an HMAC hex digest of the request body ... using the SHA-256 hash function
+    # and the secret as the HMAC key", prefixed with sha256=.
+    return b"sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest().encode()
+
+
+def github_request(body: bytes, secret: str = GITHUB_SECRET, delivery: str = "d-1") -> Headers:
+    return [
+        (b"content-type", b"application/json"),
+        (b"x-github-event", b"workflow_run"),
+        (b"x-github-delivery", delivery.encode()),
+        (b"x-hub-signature-256", github_signature(body, secret)),
+    ]
+
+
+def stripe_event(intent_id: str, tenant: str = "acme", event_id: str = "evt_s1") -> Any:
+    return {"id": event_id, "object": "event", "type": "payment_intent.succeeded",
+            "data": {"object": {"id": intent_id, "object": "payment_intent",
+                                "metadata": {"tenant": tenant}}}}  # fmt: skip
+
+
+def stripe_request(body: bytes, secret: str = STRIPE_SECRET, when: int | None = None) -> Headers:
+    header = stripe.WebhookSignature.generate_signature_header(
+        body.decode(), secret, timestamp=when if when is not None else int(time.time())
+    )
+    return [(b"content-type", b"application/json"), (b"stripe-signature", header.encode())]
