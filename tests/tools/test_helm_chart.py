@@ -15,42 +15,17 @@ from typing import Any, cast
 import pytest
 import yaml
 
+from tests.tools.chart import ALL_ON_VALUES, CHART, DEFAULT_VALUES, OPS, template
+
 # The first run on a machine builds helm from source (up to 20 minutes, bounded in the
 # fixture): longer than the default test timeout.
 pytestmark = pytest.mark.timeout(1500)
 
-ROOT = Path(__file__).parents[2]
-CHART = ROOT / "helm" / "matcher"
-OPS = ROOT / "ops"
-DEFAULT_VALUES = CHART / "ci" / "default-values.yaml"
-ALL_ON_VALUES = CHART / "ci" / "all-on-values.yaml"
-
 Doc = dict[str, Any]
 
 
-@pytest.fixture(scope="session")
-def helm() -> str:
-    built = subprocess.run(
-        [str(ROOT / "scripts" / "install-helm")],
-        capture_output=True, text=True, check=False, timeout=1200,
-    )  # fmt: skip
-    if built.returncode != 0:
-        pytest.fail(f"no helm: {built.stderr.strip()}", pytrace=False)
-    return built.stdout.strip()
-
-
-def _template(helm: str, values_file: Path, extra: Doc | None) -> subprocess.CompletedProcess[str]:
-    # Extra values go in on stdin as a second values file, layered over the first.
-    return subprocess.run(
-        [helm, "template", "matcher", str(CHART), "--namespace", "apps",
-         "-f", str(values_file), "-f", "-"],
-        input=yaml.safe_dump(extra or {}), capture_output=True, text=True, check=False,
-        timeout=120,
-    )  # fmt: skip
-
-
 def render(helm: str, extra: Doc | None = None, *, base: Path = DEFAULT_VALUES) -> list[Doc]:
-    result = _template(helm, base, extra)
+    result = template(helm, base, extra)
     assert result.returncode == 0, result.stderr
     docs = [cast(Doc, d) for d in yaml.safe_load_all(result.stdout) if d is not None]
     assert docs, "helm template rendered nothing"
@@ -58,7 +33,7 @@ def render(helm: str, extra: Doc | None = None, *, base: Path = DEFAULT_VALUES) 
 
 
 def render_error(helm: str, extra: Doc, *, base: Path = DEFAULT_VALUES) -> str:
-    result = _template(helm, base, extra)
+    result = template(helm, base, extra)
     assert result.returncode != 0, f"rendering should have failed with {extra}"
     return result.stderr
 
