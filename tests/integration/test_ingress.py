@@ -1,0 +1,397 @@
+"""`matcher ingress` as a real process, in front of real Kafka and the real daemon.
+
+Senders are independent clients: the `standardwebhooks` and `svix` packages sign,
+`stripe` signs Stripe's header, curl and httpx post, raw sockets play the slow client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from matcher.config import Settings
+from matcher.domain.waits import WaitSpec
+from matcher.sdk import register_wait
+from tests import webhook_senders as senders
+from tests.helpers import eventually, process_env, read_resumes, rows, running_daemon, started
+
+pytestmark = pytest.mark.timeout(240)
+
+HTTP_TIMEOUT = httpx.Timeout(20.0)
+
+
+class IngressProcess:
+    """``matcher ingress`` on a free port, its log read line by line (JSON)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.lines: list[str] = []
+        self.address: str | None = None
+        self._listening = threading.Event()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "matcher", "ingress", "--address", "127.0.0.1:0", "--json"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line)
+            if '"ingress listening"' in line:
+                self.address = json.loads(line)["address"]
+                self._listening.set()
+
+    def wait_listening(self, timeout: float = 30) -> str:
+        if not self._listening.wait(timeout) or self.address is None:
+            self.stop()
+            raise AssertionError("the ingress did not listen:\n" + self.output)
+        return self.address
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if httpx.get(f"{self.address}/readyz", timeout=5).status_code == 200:
+                return
+            time.sleep(0.1)
+        raise AssertionError("the ingress never became ready:\n" + self.output)
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait(10)
+        self._reader.join(5)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        return code
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+
+def _producers_file(directory: Path) -> Path:
+    path = directory / "producers.toml"
+    path.write_text(senders.PRODUCERS_TOML)
+    return path
+
+
+@pytest.fixture
+def secure(settings: Settings, tmp_path: Path) -> Settings:
+    return settings.model_copy(
+        update={"producers_file": _producers_file(tmp_path), "allow_unsigned": False}
+    )
+
+
+def _ingress_env(settings: Settings, **extra: str) -> dict[str, str]:
+    env = process_env(settings, MATCHER_ALLOW_UNSIGNED="false", **extra)
+    env["MATCHER_PRODUCERS_FILE"] = str(settings.producers_file)
+    env.pop("MATCHER_DATABASE_URL")  # the ingress has no database access
+    return env
+
+
+@pytest.fixture
+def ingress(secure: Settings) -> Iterator[IngressProcess]:
+    process = IngressProcess(_ingress_env(secure, MATCHER_INGRESS_READ_TIMEOUT_S="2"))
+    process.wait_listening()
+    process.wait_ready()
+    yield process
+    assert process.stop() == 0, process.output
+
+
+def _wait_for(settings: Settings, tenant: str, event_type: str, correlation: str) -> str:
+    run_id = f"run-{correlation}"
+    with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as conn:
+        register_wait(
+            conn,
+            WaitSpec(
+                tenant=tenant, run_id=run_id, position=0, event_types=[event_type],
+                correlation_id=correlation,
+            ),
+        )  # fmt: skip
+    return run_id
+
+
+def _post(address: str, producer: str, headers: senders.Headers, body: bytes) -> httpx.Response:
+    return httpx.post(
+        f"{address}/v1/webhooks/{producer}",
+        content=body,
+        headers=[(n.decode(), v.decode()) for n, v in headers],
+        timeout=HTTP_TIMEOUT,
+    )
+
+
+def _events(settings: Settings) -> list[dict[str, Any]]:
+    return rows(settings, "SELECT producer, event_id, correlation_id FROM matcher.inbox")
+
+
+async def test_webhooks_from_three_kinds_of_sender_resume_their_runs(
+    secure: Settings, ingress: IngressProcess
+) -> None:
+    address = ingress.address
+    assert address is not None
+    runs = {
+        _wait_for(secure, "acme", "batch.completed", "batch_abc"),
+        _wait_for(secure, "acme", "github.workflow_run.completed", "30433642"),
+        _wait_for(secure, "globex", "payment_intent.succeeded", "pi_9"),
+    }
+    async with running_daemon(secure):
+        openai = senders.body_bytes(senders.openai_batch("batch_abc"))
+        response = _post(address, "openai", senders.standard_request(openai, "msg_1"), openai)
+        assert response.status_code == 202, response.text
+        github = senders.body_bytes(senders.github_workflow_run(30433642))
+        assert _curl(address, "github", senders.github_request(github), github) == 202
+        stripe_body = senders.body_bytes(senders.stripe_event("pi_9", tenant="globex"))
+        response = _post(address, "stripe", senders.stripe_request(stripe_body), stripe_body)
+        assert response.status_code == 202, response.text
+        resumes = await read_resumes(secure, at_least=3)
+        assert {r.run_id for r in resumes} == runs
+        # A redelivery (svix signs it this time) is 202 again, and a duplicate downstream.
+        again = senders.standard_request(openai, "msg_1", library="svix")
+        assert _post(address, "openai", again, openai).status_code == 202
+        await eventually(lambda: _duplicates(secure) >= 1, what="the redelivery seen")
+    assert sorted((e["producer"], e["event_id"]) for e in _events(secure)) == [
+        ("github", "30433642-1-completed"), ("openai", "msg_1"), ("stripe", "evt_s1"),
+    ]  # fmt: skip
+
+
+def _duplicates(settings: Settings) -> int:
+    found = rows(
+        settings,
+        "SELECT count(*) AS n FROM matcher.inbox WHERE producer = 'openai' AND event_id = 'msg_1'",
+    )
+    # The row stays one; the daemon counts the second copy as a duplicate.
+    assert found[0]["n"] == 1
+    return _metric(settings, "matcher_events_received_total", 'result="duplicate"')
+
+
+def _metric(settings: Settings, name: str, labels: str) -> int:
+    del settings
+    from prometheus_client import REGISTRY
+
+    total = 0.0
+    for family in REGISTRY.collect():
+        for sample in family.samples:
+            rendered = ",".join(f'{k}="{v}"' for k, v in sample.labels.items())
+            if sample.name == name and labels in rendered:
+                total += sample.value
+    return int(total)
+
+
+def _curl(address: str, producer: str, headers: senders.Headers, body: bytes) -> int:
+    curl = shutil.which("curl")
+    if curl is None:
+        pytest.fail("curl is not installed (apt-get install curl)", pytrace=False)
+    args = [curl, "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "20",
+            "--data-binary", "@-", f"{address}/v1/webhooks/{producer}"]  # fmt: skip
+    for name, value in headers:
+        args[1:1] = ["-H", f"{name.decode()}: {value.decode()}"]
+    done = subprocess.run(args, input=body, capture_output=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout)
+
+
+def test_refusals_carry_a_status_and_a_reason_and_nothing_else(
+    secure: Settings, ingress: IngressProcess
+) -> None:
+    address = ingress.address
+    assert address is not None
+    body = senders.body_bytes(senders.openai_batch("<script>alert(1)</script>"))
+    cases = [
+        ("openai", senders.standard_request(body, "m", secret="whsec_QUJDREVGR0g="), body, 401,
+         "bad_signature"),
+        ("nobody", senders.standard_request(body, "m"), body, 404, "unknown_producer"),
+        ("openai", [(b"content-type", b"text/plain")], body, 415, "unsupported_media_type"),
+        ("stripe", senders.stripe_request(senders.body_bytes(senders.stripe_event("p", "initech"))),
+         senders.body_bytes(senders.stripe_event("p", "initech")), 403, "tenant_not_allowed"),
+        ("openai", senders.standard_request(b"{}", "m"), b"{}", 400, "unmappable"),
+        ("openai", senders.standard_request(b"{nope", "m"), b"{nope", 400, "malformed"),
+    ]  # fmt: skip
+    for producer, headers, content, status, reason in cases:
+        response = _post(address, producer, headers, content)
+        assert (response.status_code, response.json()) == (status, {"reason": reason}), producer
+        assert "script" not in response.text
+        assert response.headers["x-content-type-options"] == "nosniff"
+    assert "<script>" not in ingress.output  # bodies are never logged
+    metrics = httpx.get(f"{address}/metrics", timeout=HTTP_TIMEOUT).text
+    assert (
+        'matcher_ingress_requests_total{outcome="bad_signature",producer="openai"} 1.0' in metrics
+    )
+    assert 'producer="_unknown"' in metrics
+    assert "nobody" not in metrics
+
+
+def test_too_large_is_refused_before_the_body_is_read(
+    secure: Settings, ingress: IngressProcess
+) -> None:
+    host, port = _host_port(ingress)
+    limit = secure.max_event_bytes
+    with socket.create_connection((host, port), timeout=10) as conn:
+        conn.sendall(
+            b"POST /v1/webhooks/openai HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % (limit + 1)
+        )  # and no body at all: the answer comes from the declared length
+        assert b" 413 " in conn.recv(4096).split(b"\r\n")[0] + b" "
+    with socket.create_connection((host, port), timeout=10) as conn:
+        conn.sendall(
+            b"POST /v1/webhooks/openai HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        chunk = b"x" * 65536
+        answer = b""
+        sent = 0
+        while sent <= limit + len(chunk):  # chunked: counted while it arrives
+            try:
+                conn.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            except OSError:
+                break
+            sent += len(chunk)
+        answer = conn.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:100]
+
+
+def _host_port(ingress: IngressProcess) -> tuple[str, int]:
+    assert ingress.address is not None
+    match = re.fullmatch(r"http://([\d.]+):(\d+)", ingress.address)
+    assert match is not None
+    return match.group(1), int(match.group(2))
+
+
+def test_a_slow_client_cannot_hold_a_connection(secure: Settings, ingress: IngressProcess) -> None:
+    host, port = _host_port(ingress)
+    # Headers one byte at a time: the connection is closed at the read timeout (2 s here).
+    with socket.create_connection((host, port), timeout=10) as conn:
+        started_at = time.monotonic()
+        closed = False
+        for byte in b"POST /v1/webhooks/openai HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 100:
+            try:
+                conn.sendall(bytes([byte]))
+            except OSError:
+                closed = True
+                break
+            if _closed(conn, 0.2):
+                closed = True
+                break
+        assert closed
+        assert time.monotonic() - started_at < 8
+    # A body that trickles: 408 at the read timeout.
+    with socket.create_connection((host, port), timeout=10) as conn:
+        conn.sendall(
+            b"POST /v1/webhooks/openai HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100\r\n\r\n{"
+        )
+        answer = conn.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:100]
+
+
+def _closed(conn: socket.socket, wait_s: float) -> bool:
+    conn.settimeout(wait_s)
+    try:
+        return conn.recv(1) == b""
+    except TimeoutError:
+        return False
+    finally:
+        conn.settimeout(10)
+
+
+def test_overload_and_drain(secure: Settings) -> None:
+    process = IngressProcess(
+        _ingress_env(secure, MATCHER_INGRESS_MAX_CONCURRENCY="1",
+                     MATCHER_INGRESS_READ_TIMEOUT_S="20")
+    )  # fmt: skip
+    address = process.wait_listening()
+    process.wait_ready()
+    host, port = _host_port(process)
+    body = senders.body_bytes(senders.openai_batch("batch_drain"))
+    headers = senders.standard_request(body, "msg_drain")
+    head = (
+        b"POST /v1/webhooks/openai HTTP/1.1\r\nHost: x\r\n"
+        + b"".join(n + b": " + v + b"\r\n" for n, v in headers)
+        + b"Content-Length: %d\r\n\r\n" % len(body)
+    )
+    with socket.create_connection((host, port), timeout=20) as slow:
+        slow.sendall(head + body[:10])  # holds the one slot
+        wait_until(lambda: b"matcher_ingress_in_flight_requests 1.0" in _metrics(address))
+        busy = _post(address, "openai", headers, body)
+        assert busy.status_code == 503
+        assert busy.json() == {"reason": "overloaded"}
+        assert busy.headers["retry-after"] == "1"
+        process.process.send_signal(signal.SIGTERM)  # drains: the slow request still ends
+        wait_until(lambda: "draining in-flight requests" in process.output)
+        slow.sendall(body[10:])
+        answer = slow.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 202"), answer[:200]
+    assert process.stop() == 0, process.output
+
+
+def _metrics(address: str) -> bytes:
+    return httpx.get(f"{address}/metrics", timeout=HTTP_TIMEOUT).content
+
+
+def wait_until(check: Any, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+def test_kafka_unavailable_is_503_with_retry_after(secure: Settings) -> None:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{unused.getsockname()[1]}"
+    process = IngressProcess(
+        _ingress_env(secure, MATCHER_KAFKA_BOOTSTRAP_SERVERS=dead, MATCHER_STARTUP_TIMEOUT_S="1")
+    )
+    try:
+        address = process.wait_listening()
+        assert httpx.get(f"{address}/readyz", timeout=HTTP_TIMEOUT).status_code == 503
+        body = senders.body_bytes(senders.openai_batch("batch_x"))
+        response = _post(address, "openai", senders.standard_request(body, "m1"), body)
+        assert response.status_code == 503
+        assert response.json() == {"reason": "kafka_unavailable"}
+        assert response.headers["retry-after"] == "5"
+    finally:
+        assert process.stop() == 0, process.output
+
+
+async def test_a_compromised_ingress_cannot_advance_a_run(secure: Settings) -> None:
+    """Whatever writes to the events topic in the ingress's name, the daemon verifies."""
+    run_id = _wait_for(secure, "acme", "batch.completed", "batch_forged")
+    body = senders.body_bytes(senders.openai_batch("batch_forged"))
+    forged = senders.standard_request(body, "msg_forged", secret="whsec_QUJDREVGR0g=")
+    headers = [("matcher_webhook", b"openai")] + [(n.decode(), v) for n, v in forged]
+    async with running_daemon(secure):
+        producer = AIOKafkaProducer(**secure.kafka_client_options())
+        async with started(producer):
+            await producer.send_and_wait(
+                secure.events_topic, body, key=b"acme\x1fbatch_forged", headers=headers
+            )
+        await eventually(
+            lambda: bool(rows(secure, "SELECT 1 FROM matcher.quarantine")),
+            what="the forged record quarantined",
+        )
+    found = rows(secure, "SELECT reason, producer FROM matcher.quarantine")
+    assert found == [{"reason": "bad_signature", "producer": "openai"}]
+    waits = rows(secure, "SELECT state FROM matcher.waits WHERE run_id = %s", (run_id,))
+    assert waits == [{"state": "waiting"}]
+    await asyncio.sleep(0)
