@@ -14,9 +14,15 @@ import json
 import time
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 import standardwebhooks
 import stripe
+from cloudevents.core.bindings.http import to_binary, to_structured
+from cloudevents.core.formats.json import JSONFormat
+from cloudevents.core.v1.event import CloudEvent
+from matcher_producer.event import KafkaRecord
+from matcher_producer.signing import SigningKey, sign_record
 from svix.webhooks import Webhook as SvixWebhook
 
 Headers = list[tuple[bytes, bytes]]
@@ -26,6 +32,12 @@ GITHUB_SECRET = "It's a Secret to Everybody"
 STRIPE_SECRET = "whsec_test_7bYf3k2Lm9Qp"
 
 PRODUCERS_TOML = f'''
+[producers."ce-svc"]
+tenants = ["acme"]
+types = ["job.completed"]
+[[producers."ce-svc".keys]]
+id = "k1"
+hmac_secret = "{STANDARD_SECRET}"
 [producers."openai"]
 tenants = ["acme"]
 types = ["batch.completed", "batch.failed"]
@@ -124,3 +136,32 @@ def stripe_request(body: bytes, secret: str = STRIPE_SECRET, when: int | None = 
         body.decode(), secret, timestamp=when if when is not None else int(time.time())
     )
     return [(b"content-type", b"application/json"), (b"stripe-signature", header.encode())]
+
+
+def cloudevent_request(
+    correlation: str, event_id: str, *, structured: bool, source: str = "ce-svc"
+) -> tuple[Headers, bytes]:
+    """A CloudEvent over HTTP as the CloudEvents SDK writes it, signed the Standard
+    Webhooks way (binary mode: over the attributes, percent-decoded, and the data)."""
+    event = CloudEvent(
+        attributes={"id": event_id, "source": source, "type": "job.completed",
+                    "specversion": "1.0", "tenant": "acme", "correlationid": correlation,
+                    "datacontenttype": "application/json"},
+        data={"status": "succeeded"},
+    )  # fmt: skip
+    message = (to_structured if structured else to_binary)(event, JSONFormat())
+    headers = [(name.lower().encode(), value.encode()) for name, value in message.headers.items()]
+    if structured:
+        return headers + standard_request(message.body, event_id)[1:], message.body
+    kafka_headers = [
+        ("ce_" + name[3:].decode() if name.startswith(b"ce-") else name.decode(),
+         unquote_to_bytes(value) if name.startswith(b"ce-") else value)
+        for name, value in headers
+    ]  # fmt: skip
+    signed = sign_record(
+        KafkaRecord(b"", kafka_headers, message.body),
+        event_id,
+        [SigningKey.parse("k1", STANDARD_SECRET)],
+    )
+    webhook = [(n.encode(), v) for n, v in signed.headers if n.startswith("webhook-")]
+    return headers + webhook, message.body

@@ -175,6 +175,45 @@ async def test_webhooks_from_three_kinds_of_sender_resume_their_runs(
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize("structured", [False, True])
+async def test_cloudevents_over_http_from_the_cloudevents_sdk(
+    secure: Settings, ingress: IngressProcess, structured: bool
+) -> None:
+    address = ingress.address
+    assert address is not None
+    correlation = "job é 7"  # percent-encoded in binary mode's header
+    run_id = _wait_for(secure, "acme", "job.completed", correlation)
+    async with running_daemon(secure):
+        headers, body = senders.cloudevent_request(correlation, "ce-1", structured=structured)
+        response = _post(address, "ce-svc", headers, body)
+        assert response.status_code == 202, response.text
+        resumes = await read_resumes(secure, at_least=1)
+        assert [r.run_id for r in resumes] == [run_id]
+        # Posted to a plain-webhook producer's URL: not its format.
+        refused = _post(address, "openai", headers, body).json()
+        assert refused == {"reason": "unsupported_media_type" if structured else "ambiguous"}
+
+
+def test_the_command_fails_in_one_line(secure: Settings, ingress: IngressProcess) -> None:
+    env = _ingress_env(secure)
+    env.pop("MATCHER_PRODUCERS_FILE")
+    done = subprocess.run(
+        [sys.executable, "-m", "matcher", "ingress"], env=env, capture_output=True,
+        text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.startswith("matcher: configuration error: MATCHER_PRODUCERS_FILE")
+    assert "Traceback" not in done.stderr
+    busy = ingress.address.removeprefix("http://") if ingress.address else ""
+    done = subprocess.run(
+        [sys.executable, "-m", "matcher", "ingress", "--address", busy],
+        env=_ingress_env(secure), capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert f"matcher: cannot listen on {busy}" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def _duplicates(settings: Settings) -> int:
     found = rows(
         settings,

@@ -12,6 +12,7 @@ import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import stripe
@@ -256,3 +257,18 @@ def test_http_requests_refused_before_the_gate(
     made = to_record(producer, headers, b"{}", datetime.now(UTC))
     assert isinstance(made, Refusal)
     assert made.reason == expected
+
+
+def test_the_readmes_webhook_producers_load() -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    blocks = [b for b in readme.split("```toml\n")[1:] if "webhook.scheme" in b.split("```")[0]]
+    assert blocks, "the README shows no webhook producers"
+    text = blocks[0].split("```")[0].replace('"whsec_..."', f'"{senders.STANDARD_SECRET}"')
+    registry = parse_registry(text, Path("."))
+    assert {p: w.scheme for p, w in _webhooks(registry).items()} == {
+        "openai": "standard-webhooks", "github-ci": "github", "stripe": "stripe",
+    }  # fmt: skip
+
+
+def _webhooks(registry: Registry) -> dict[str, Any]:
+    return {name: p.webhook for name, p in registry.producers.items() if p.webhook is not None}
