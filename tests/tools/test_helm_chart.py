@@ -15,98 +15,28 @@ from typing import Any, cast
 import pytest
 import yaml
 
-from tests.tools.chart import ALL_ON_VALUES, CHART, DEFAULT_VALUES, OPS, template
+from tests.tools.chart import (
+    CHART,
+    OPS,
+    Doc,
+    config_map,
+    container,
+    daemon_settings,
+    of_kind,
+    one,
+    pod_spec,
+    render,
+    render_error,
+    secret_env,
+)
 
 # The first run on a machine builds helm from source (up to 20 minutes, bounded in the
 # fixture): longer than the default test timeout.
 pytestmark = pytest.mark.timeout(1500)
 
-Doc = dict[str, Any]
-
-
-def render(helm: str, extra: Doc | None = None, *, base: Path = DEFAULT_VALUES) -> list[Doc]:
-    result = template(helm, base, extra)
-    assert result.returncode == 0, result.stderr
-    docs = [cast(Doc, d) for d in yaml.safe_load_all(result.stdout) if d is not None]
-    assert docs, "helm template rendered nothing"
-    return docs
-
-
-def render_error(helm: str, extra: Doc, *, base: Path = DEFAULT_VALUES) -> str:
-    result = template(helm, base, extra)
-    assert result.returncode != 0, f"rendering should have failed with {extra}"
-    return result.stderr
-
-
-def of_kind(docs: list[Doc], kind: str) -> list[Doc]:
-    return [d for d in docs if d["kind"] == kind]
-
-
-def one(docs: list[Doc], kind: str, component: str | None = None) -> Doc:
-    found = [
-        d
-        for d in of_kind(docs, kind)
-        if component is None
-        or d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == component
-    ]
-    assert len(found) == 1, f"expected one {kind} ({component}), found {len(found)}"
-    return found[0]
-
-
-def config_map(docs: list[Doc]) -> Doc:
-    found = [d for d in of_kind(docs, "ConfigMap") if "matcher-dashboard.json" not in d["data"]]
-    assert len(found) == 1
-    return found[0]
-
-
-def pod_spec(workload: Doc) -> Doc:
-    return cast(Doc, workload["spec"]["template"]["spec"])
-
-
-def container(workload: Doc) -> Doc:
-    containers = cast(list[Doc], pod_spec(workload)["containers"])
-    assert len(containers) == 1
-    return containers[0]
-
-
-def secret_env(c: Doc) -> dict[str, tuple[str, str]]:
-    """Env vars taken from Secrets: name -> (secret name, key)."""
-    refs: dict[str, tuple[str, str]] = {}
-    for var in c.get("env", []):
-        ref = var.get("valueFrom", {}).get("secretKeyRef")
-        if ref is not None:
-            refs[var["name"]] = (ref["name"], ref["key"])
-    return refs
-
-
-def daemon_settings(docs: list[Doc]) -> dict[str, str]:
-    """The daemon's non-secret settings: its ConfigMap's data, checked to be wired in."""
-    deployment = one(docs, "Deployment")
-    cm = config_map(docs)
-    env_from = container(deployment)["envFrom"]
-    assert {"configMapRef": {"name": cm["metadata"]["name"]}} in env_from
-    return cast(dict[str, str], cm["data"])
-
 
 def alert_groups() -> Any:
     return yaml.safe_load((OPS / "prometheus" / "alerts.yaml").read_text())["groups"]
-
-
-@pytest.fixture(scope="session")
-def default_docs(helm: str) -> list[Doc]:
-    return render(helm)
-
-
-@pytest.fixture(scope="session")
-def all_on_docs(helm: str) -> list[Doc]:
-    return render(helm, base=ALL_ON_VALUES)
-
-
-@pytest.fixture(params=["default", "all-on"])
-def any_docs(
-    request: pytest.FixtureRequest, default_docs: list[Doc], all_on_docs: list[Doc]
-) -> list[Doc]:
-    return default_docs if request.param == "default" else all_on_docs
 
 
 # The copies the chart ships.
@@ -143,7 +73,7 @@ def test_default_render_has_exactly_the_expected_objects(default_docs: list[Doc]
 
 
 def test_deployment_runs_matcher_run_with_the_admin_port_and_probes(any_docs: list[Doc]) -> None:
-    deployment = one(any_docs, "Deployment")
+    deployment = one(any_docs, "Deployment", "daemon")
     c = container(deployment)
     assert [*c["command"], *c["args"]] == ["matcher", "run"]
     assert c["image"] == "ghcr.io/matcher/matcher:0.1.0"
@@ -171,7 +101,7 @@ def test_settings_come_from_the_configmap_and_secrets_from_secrets(
     assert all(isinstance(v, str) for v in settings.values()), "ConfigMap values are strings"
     for secret in ("MATCHER_DATABASE_URL", "MATCHER_KAFKA_SASL_PASSWORD", "MATCHER_ADMIN_TOKEN"):
         assert secret not in settings
-    refs = secret_env(container(one(default_docs, "Deployment")))
+    refs = secret_env(container(one(default_docs, "Deployment", "daemon")))
     assert refs == {"MATCHER_DATABASE_URL": ("matcher-database", "url")}
 
 
@@ -182,7 +112,7 @@ def test_sasl_ssl_takes_the_password_and_tls_files_from_their_secrets(
     assert settings["MATCHER_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL"
     assert settings["MATCHER_KAFKA_SASL_MECHANISM"] == "SCRAM-SHA-512"
     assert settings["MATCHER_KAFKA_SASL_USERNAME"] == "matcher"
-    deployment = one(all_on_docs, "Deployment")
+    deployment = one(all_on_docs, "Deployment", "daemon")
     c = container(deployment)
     refs = secret_env(c)
     assert refs["MATCHER_KAFKA_SASL_PASSWORD"] == ("matcher-kafka", "sasl-password")
@@ -199,12 +129,12 @@ def test_sasl_ssl_takes_the_password_and_tls_files_from_their_secrets(
 def test_plaintext_kafka_has_no_sasl_or_tls_settings(default_docs: list[Doc]) -> None:
     settings = daemon_settings(default_docs)
     assert not [k for k in settings if "SASL" in k or "SSL_" in k]
-    daemon = container(one(default_docs, "Deployment"))
+    daemon = container(one(default_docs, "Deployment", "daemon"))
     assert "MATCHER_KAFKA_SASL_PASSWORD" not in secret_env(daemon)
 
 
 def test_producer_registry_is_mounted_where_the_setting_points(any_docs: list[Doc]) -> None:
-    deployment = one(any_docs, "Deployment")
+    deployment = one(any_docs, "Deployment", "daemon")
     path = Path(daemon_settings(any_docs)["MATCHER_PRODUCERS_FILE"])
     mounts = {m["name"]: m for m in container(deployment)["volumeMounts"]}
     volume = {v["name"]: v for v in pod_spec(deployment)["volumes"]}["producers"]
@@ -215,7 +145,8 @@ def test_producer_registry_is_mounted_where_the_setting_points(any_docs: list[Do
 
 
 def test_security_context_is_locked_down(any_docs: list[Doc]) -> None:
-    for workload in (one(any_docs, "Deployment"), one(any_docs, "Job")):
+    # The webhook ingress's Deployment too, where it is on (the all-on values).
+    for workload in (*of_kind(any_docs, "Deployment"), one(any_docs, "Job")):
         pod = pod_spec(workload)
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["runAsUser"] == 10001
@@ -237,7 +168,7 @@ def test_security_context_is_locked_down(any_docs: list[Doc]) -> None:
 
 
 def test_grace_period_outlasts_the_shutdown_timeout(any_docs: list[Doc]) -> None:
-    grace = pod_spec(one(any_docs, "Deployment"))["terminationGracePeriodSeconds"]
+    grace = pod_spec(one(any_docs, "Deployment", "daemon"))["terminationGracePeriodSeconds"]
     shutdown = float(daemon_settings(any_docs)["MATCHER_SHUTDOWN_TIMEOUT_S"])
     assert isinstance(grace, int)
     assert grace > shutdown
@@ -245,7 +176,7 @@ def test_grace_period_outlasts_the_shutdown_timeout(any_docs: list[Doc]) -> None
 
 def test_grace_period_defaults_to_the_shutdown_timeout_plus_a_margin(helm: str) -> None:
     docs = render(helm, {"shutdownTimeoutSeconds": 100})
-    assert pod_spec(one(docs, "Deployment"))["terminationGracePeriodSeconds"] == 115
+    assert pod_spec(one(docs, "Deployment", "daemon"))["terminationGracePeriodSeconds"] == 115
 
 
 def test_grace_period_not_longer_than_shutdown_timeout_fails(helm: str) -> None:
@@ -255,7 +186,7 @@ def test_grace_period_not_longer_than_shutdown_timeout_fails(helm: str) -> None:
 
 def test_config_changes_roll_the_pods(helm: str, default_docs: list[Doc]) -> None:
     def checksum(docs: list[Doc]) -> str:
-        template = one(docs, "Deployment")["spec"]["template"]
+        template = one(docs, "Deployment", "daemon")["spec"]["template"]
         return cast(str, template["metadata"]["annotations"]["checksum/config"])
 
     changed = render(helm, {"log": {"level": "DEBUG"}})
@@ -264,8 +195,8 @@ def test_config_changes_roll_the_pods(helm: str, default_docs: list[Doc]) -> Non
 
 
 def test_service_targets_the_admin_port_of_the_daemon_pods(any_docs: list[Doc]) -> None:
-    service = one(any_docs, "Service")
-    deployment = one(any_docs, "Deployment")
+    service = one(any_docs, "Service", "daemon")
+    deployment = one(any_docs, "Deployment", "daemon")
     assert service["spec"]["type"] == "ClusterIP"
     assert service["spec"]["ports"] == [
         {"name": "admin", "port": 9464, "targetPort": "admin", "protocol": "TCP"}
@@ -278,9 +209,9 @@ def test_service_targets_the_admin_port_of_the_daemon_pods(any_docs: list[Doc]) 
 
 
 def test_pod_disruption_budget_allows_one_down(default_docs: list[Doc]) -> None:
-    pdb = one(default_docs, "PodDisruptionBudget")
+    pdb = one(default_docs, "PodDisruptionBudget", "daemon")
     assert pdb["spec"]["maxUnavailable"] == 1
-    assert pdb["spec"]["selector"] == one(default_docs, "Deployment")["spec"]["selector"]
+    assert pdb["spec"]["selector"] == one(default_docs, "Deployment", "daemon")["spec"]["selector"]
 
 
 def test_extra_config_is_passed_through_as_strings(all_on_docs: list[Doc]) -> None:
@@ -365,7 +296,7 @@ def test_migration_job_has_the_daemon_settings_without_the_configmap(
     inline = {v["name"]: v["value"] for v in job_container["env"] if "value" in v}
     inline.pop("TZ", None)  # extraEnv of the all-on values
     assert inline == daemon_settings(any_docs)
-    daemon = container(one(any_docs, "Deployment"))
+    daemon = container(one(any_docs, "Deployment", "daemon"))
     assert secret_env(job_container) == secret_env(daemon)
     assert job_container["volumeMounts"] == daemon["volumeMounts"]
 
@@ -414,7 +345,7 @@ def test_optional_objects_only_when_enabled(
     default_docs: list[Doc], all_on_docs: list[Doc], kind: str, switch: str
 ) -> None:
     assert of_kind(default_docs, kind) == [], f"{kind} rendered with {switch} off"
-    assert len(of_kind(all_on_docs, kind)) == 1, f"{kind} missing with {switch} on"
+    assert of_kind(all_on_docs, kind), f"{kind} missing with {switch} on"
 
 
 def test_dashboard_configmap_carries_the_ops_dashboard(any_docs: list[Doc]) -> None:
@@ -445,8 +376,8 @@ def test_prometheus_rule_groups_equal_the_ops_rules(all_on_docs: list[Doc]) -> N
 def test_service_monitor_scrapes_admin_metrics_with_the_admin_token(
     all_on_docs: list[Doc],
 ) -> None:
-    monitor = one(all_on_docs, "ServiceMonitor")
-    service = one(all_on_docs, "Service")
+    monitor = one(all_on_docs, "ServiceMonitor", "daemon")
+    service = one(all_on_docs, "Service", "daemon")
     assert monitor["spec"]["selector"]["matchLabels"].items() <= (
         service["metadata"]["labels"].items()
     )
@@ -461,13 +392,13 @@ def test_service_monitor_scrapes_admin_metrics_with_the_admin_token(
 
 def test_service_monitor_without_a_token_sends_none(helm: str) -> None:
     docs = render(helm, {"serviceMonitor": {"enabled": True}})
-    [endpoint] = one(docs, "ServiceMonitor")["spec"]["endpoints"]
+    [endpoint] = one(docs, "ServiceMonitor", "daemon")["spec"]["endpoints"]
     assert "authorization" not in endpoint
 
 
 def test_keda_scales_on_the_group_lag_and_owns_the_replicas(all_on_docs: list[Doc]) -> None:
     scaled = one(all_on_docs, "ScaledObject")
-    deployment = one(all_on_docs, "Deployment")
+    deployment = one(all_on_docs, "Deployment", "daemon")
     settings = daemon_settings(all_on_docs)
     assert "replicas" not in deployment["spec"], "KEDA owns the replica count"
     assert scaled["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
@@ -485,7 +416,7 @@ def test_keda_scales_on_the_group_lag_and_owns_the_replicas(all_on_docs: list[Do
 
 
 def test_replicas_are_set_when_keda_is_off(default_docs: list[Doc]) -> None:
-    assert one(default_docs, "Deployment")["spec"]["replicas"] == 2
+    assert one(default_docs, "Deployment", "daemon")["spec"]["replicas"] == 2
 
 
 def test_keda_max_replicas_above_partitions_fails(helm: str) -> None:

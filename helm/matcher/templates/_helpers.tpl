@@ -47,6 +47,18 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: daemon
 {{- end }}
 
+{{- define "matcher.webhooksSelectorLabels" -}}
+{{ include "matcher.selectorLabels" . }}
+app.kubernetes.io/component: webhooks
+{{- end }}
+
+{{/*
+The webhook ingress's objects: <fullname>-webhooks.
+*/}}
+{{- define "matcher.webhooksName" -}}
+{{- printf "%s-webhooks" (include "matcher.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{- define "matcher.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "matcher.fullname" .) .Values.serviceAccount.name }}
@@ -62,6 +74,19 @@ cannot use the daemon's ServiceAccount: it gets a hook ServiceAccount of its own
 {{- define "matcher.migrationServiceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- printf "%s-migrate" (include "matcher.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- include "matcher.serviceAccountName" . }}
+{{- end }}
+{{- end }}
+
+{{/*
+The ingress gets a ServiceAccount of its own when the chart creates them: whatever the
+daemon's carries (a cloud identity for the database, say) must not reach the pods that face
+the internet. With serviceAccount.create false it uses the one named there.
+*/}}
+{{- define "matcher.webhooksServiceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- include "matcher.webhooksName" . }}
 {{- else }}
 {{- include "matcher.serviceAccountName" . }}
 {{- end }}
@@ -138,6 +163,24 @@ the last batch's commit and the process exit.
 {{- end }}
 
 {{/*
+The ingress's seconds between being told to stop and SIGKILL: explicit, or the preStop
+sleep plus the drain plus a margin. Kubernetes counts the preStop hook against the grace
+period, so it must outlast both or in-flight requests are cut off.
+*/}}
+{{- define "matcher.webhooksTerminationGracePeriodSeconds" -}}
+{{- $w := .Values.webhooks }}
+{{- $busy := addf (float64 $w.preStopSleepSeconds) (float64 $w.drainTimeoutSeconds) }}
+{{- $grace := $w.terminationGracePeriodSeconds }}
+{{- if kindIs "invalid" $grace }}
+{{- $grace = add (int (ceil $busy)) 10 }}
+{{- end }}
+{{- if le (float64 $grace) $busy }}
+{{- fail (printf "webhooks.terminationGracePeriodSeconds (%v) must be longer than webhooks.preStopSleepSeconds + webhooks.drainTimeoutSeconds (%v + %v): otherwise Kubernetes kills an ingress pod while it still drains requests" $grace $w.preStopSleepSeconds $w.drainTimeoutSeconds) }}
+{{- end }}
+{{- int $grace }}
+{{- end }}
+
+{{/*
 A value as an env var string. Helm reads every number in values as a float, which would
 print 2000000 as "2e+06": whole numbers are printed as integers.
 */}}
@@ -150,10 +193,11 @@ print 2000000 as "2e+06": whole numbers are printed as integers.
 {{- end }}
 
 {{/*
-The non-secret settings as a YAML map of env var name to string. One definition feeds the
-ConfigMap (daemon) and the migration Job's inline env, so both always agree.
+The non-secret settings every process on the events topic needs (the daemon, the
+migration Job and the webhook ingress): Kafka, the events topic, the producer registry,
+logging. A YAML map of env var name to string.
 */}}
-{{- define "matcher.configEnv" -}}
+{{- define "matcher.kafkaEnv" -}}
 {{- $v := .Values }}
 {{- $env := dict }}
 {{- $_ := set $env "MATCHER_KAFKA_BOOTSTRAP_SERVERS" (required "kafka.bootstrapServers is required: the comma-separated host:port list of the Kafka brokers" $v.kafka.bootstrapServers) }}
@@ -172,6 +216,40 @@ ConfigMap (daemon) and the migration Job's inline env, so both always agree.
 {{- end }}
 {{- end }}
 {{- $_ := set $env "MATCHER_EVENTS_TOPIC" $v.kafka.eventsTopic }}
+{{- if include "matcher.producersSecret" . }}
+{{- $_ := set $env "MATCHER_PRODUCERS_FILE" (printf "%s/producers.toml" $v.producers.mountPath) }}
+{{- end }}
+{{- $_ := set $env "MATCHER_ALLOW_UNSIGNED" (toString $v.producers.allowUnsigned) }}
+{{- $_ := set $env "MATCHER_LOG_LEVEL" $v.log.level }}
+{{- $_ := set $env "MATCHER_LOG_FORMAT" $v.log.format }}
+{{- toYaml $env }}
+{{- end }}
+
+{{/*
+Adds extra settings to an env map, refusing secrets and the names the chart sets itself.
+Called with (dict "env" ENV "chartSet" NAMES-MAP "config" EXTRAS "path" VALUES-PATH); ENV
+is changed in place.
+*/}}
+{{- define "matcher.addConfig" -}}
+{{- $secretNames := list "MATCHER_DATABASE_URL" "MATCHER_KAFKA_SASL_PASSWORD" "MATCHER_ADMIN_TOKEN" }}
+{{- range $name, $value := .config }}
+{{- if has $name $secretNames }}
+{{- fail (printf "%s.%s: secrets do not belong in the ConfigMap; reference a Secret (see database.url, kafka.sasl.password, admin.token)" $.path $name) }}
+{{- end }}
+{{- if hasKey $.chartSet $name }}
+{{- fail (printf "%s.%s: the chart sets this variable from its own values; set that value instead of overriding it here" $.path $name) }}
+{{- end }}
+{{- $_ := set $.env $name (include "matcher.str" $value) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The daemon's non-secret settings as a YAML map of env var name to string. One definition
+feeds the ConfigMap (daemon) and the migration Job's inline env, so both always agree.
+*/}}
+{{- define "matcher.configEnv" -}}
+{{- $v := .Values }}
+{{- $env := include "matcher.kafkaEnv" . | fromYaml }}
 {{- $_ := set $env "MATCHER_RESUME_TOPIC" $v.kafka.resumeTopic }}
 {{- if $v.kafka.deadLetterTopic }}
 {{- $_ := set $env "MATCHER_DEAD_LETTER_TOPIC" $v.kafka.deadLetterTopic }}
@@ -182,26 +260,30 @@ ConfigMap (daemon) and the migration Job's inline env, so both always agree.
 {{- end }}
 {{- $_ := set $env "MATCHER_CONSUMER_GROUP" $v.kafka.consumerGroup }}
 {{- $_ := set $env "MATCHER_DB_POOL_MAX_SIZE" (include "matcher.str" $v.database.poolMaxSize) }}
-{{- if include "matcher.producersSecret" . }}
-{{- $_ := set $env "MATCHER_PRODUCERS_FILE" (printf "%s/producers.toml" $v.producers.mountPath) }}
-{{- end }}
-{{- $_ := set $env "MATCHER_ALLOW_UNSIGNED" (toString $v.producers.allowUnsigned) }}
 {{- $_ := set $env "MATCHER_INBOX_RETENTION" (include "matcher.str" $v.inbox.retention) }}
 {{- $_ := set $env "MATCHER_INBOX_PURGE_AFTER" (include "matcher.str" $v.inbox.purgeAfter) }}
 {{- $_ := set $env "MATCHER_SHUTDOWN_TIMEOUT_S" (include "matcher.str" $v.shutdownTimeoutSeconds) }}
 {{- $_ := set $env "MATCHER_ADMIN_ADDRESS" (printf "0.0.0.0:%d" (int $v.admin.port)) }}
-{{- $_ := set $env "MATCHER_LOG_LEVEL" $v.log.level }}
-{{- $_ := set $env "MATCHER_LOG_FORMAT" $v.log.format }}
-{{- $secretNames := list "MATCHER_DATABASE_URL" "MATCHER_KAFKA_SASL_PASSWORD" "MATCHER_ADMIN_TOKEN" }}
-{{- range $name, $value := $v.config }}
-{{- if has $name $secretNames }}
-{{- fail (printf "config.%s: secrets do not belong in the ConfigMap; reference a Secret (see database.url, kafka.sasl.password, admin.token)" $name) }}
+{{- $_ := include "matcher.addConfig" (dict "env" $env "chartSet" (deepCopy $env) "config" $v.config "path" "config") }}
+{{- toYaml $env }}
 {{- end }}
-{{- if hasKey $env $name }}
-{{- fail (printf "config.%s: the chart sets this variable from its own values; set that value instead of overriding it here" $name) }}
-{{- end }}
-{{- $_ := set $env $name (include "matcher.str" $value) }}
-{{- end }}
+
+{{/*
+The webhook ingress's non-secret settings (its own ConfigMap): what every process on the
+events topic gets, its listener and limits, then config (shared with the daemon, so that
+both apply the same gate limits; the ingress ignores the daemon's own settings) and
+webhooks.config (the ingress's alone). Nothing about the database: the ingress has none.
+*/}}
+{{- define "matcher.webhooksEnv" -}}
+{{- $w := .Values.webhooks }}
+{{- $env := include "matcher.kafkaEnv" . | fromYaml }}
+{{- $_ := set $env "MATCHER_INGRESS_ADDRESS" (printf "0.0.0.0:%d" (int $w.port)) }}
+{{- $_ := set $env "MATCHER_INGRESS_MAX_CONCURRENCY" (include "matcher.str" $w.maxConcurrency) }}
+{{- $_ := set $env "MATCHER_INGRESS_READ_TIMEOUT_S" (include "matcher.str" $w.readTimeoutSeconds) }}
+{{- $_ := set $env "MATCHER_INGRESS_DRAIN_TIMEOUT_S" (include "matcher.str" $w.drainTimeoutSeconds) }}
+{{- $chartSet := deepCopy $env }}
+{{- $_ := include "matcher.addConfig" (dict "env" $env "chartSet" $chartSet "config" .Values.config "path" "config") }}
+{{- $_ := include "matcher.addConfig" (dict "env" $env "chartSet" $chartSet "config" $w.config "path" "webhooks.config") }}
 {{- toYaml $env }}
 {{- end }}
 
@@ -248,6 +330,38 @@ to change, so a bad configuration fails at `helm install` rather than in a crash
 {{- end }}
 {{- end }}
 {{- $_ := include "matcher.terminationGracePeriodSeconds" . }}
+{{- if $v.webhooks.enabled }}
+{{- include "matcher.validateWebhooks" . }}
+{{- end }}
+{{- end }}
+
+{{- define "matcher.validateWebhooks" -}}
+{{- $w := .Values.webhooks }}
+{{- $_ := include "matcher.webhooksEnv" . }}
+{{- $_ := include "matcher.webhooksTerminationGracePeriodSeconds" . }}
+{{- if eq (int $w.port) (int .Values.admin.port) }}
+{{- fail (printf "webhooks.port (%d) must differ from admin.port" (int $w.port)) }}
+{{- end }}
+{{- range $w.extraEnv }}
+{{- if eq .name "MATCHER_DATABASE_URL" }}
+{{- fail "webhooks.extraEnv: MATCHER_DATABASE_URL: the webhook ingress has no database access, and gets no database credentials" }}
+{{- end }}
+{{- end }}
+{{- if and $w.autoscaling.enabled (gt (int $w.autoscaling.minReplicas) (int $w.autoscaling.maxReplicas)) }}
+{{- fail (printf "webhooks.autoscaling.minReplicas (%d) must not exceed webhooks.autoscaling.maxReplicas (%d)" (int $w.autoscaling.minReplicas) (int $w.autoscaling.maxReplicas)) }}
+{{- end }}
+{{- if $w.ingress.enabled }}
+{{- if not $w.ingress.hosts }}
+{{- fail "webhooks.ingress.hosts is required with webhooks.ingress.enabled: the host names senders post to, e.g. [{host: hooks.example.com}]" }}
+{{- end }}
+{{- range $w.ingress.hosts }}
+{{- range (.paths | default (list "/v1/webhooks/")) }}
+{{- if or (not (hasPrefix "/v1/webhooks/" .)) (contains "/.." .) (contains "//" .) }}
+{{- fail (printf "webhooks.ingress.hosts[].paths: %q is not under /v1/webhooks/: the Ingress exposes the webhook endpoint only, never /metrics or the health checks" .) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -282,10 +396,43 @@ Secret-backed env vars, shared by the daemon and the migration Job.
 {{- end }}
 
 {{/*
+The ingress's Secret-backed env vars: the Kafka password when SASL is on, nothing else
+(no database URL, no admin token), then webhooks.extraEnv.
+*/}}
+{{- define "matcher.webhooksSecretEnv" -}}
+{{- if include "matcher.saslEnabled" . }}
+{{- $sasl := splitList " " (include "matcher.saslSecret" .) }}
+- name: MATCHER_KAFKA_SASL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ first $sasl }}
+      key: {{ last $sasl }}
+{{- end }}
+{{- with .Values.webhooks.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
 Volumes: /tmp (the root filesystem is read-only) and the Secret files. Secrets are mounted
-as directories, not subPath, so that updates to them reach running pods.
+as directories, not subPath, so that updates to them reach running pods. The daemon and the
+Job add extraVolumes; the ingress gets the base ones only.
 */}}
 {{- define "matcher.volumes" -}}
+{{ include "matcher.baseVolumes" . }}
+{{- with .Values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "matcher.volumeMounts" -}}
+{{ include "matcher.baseVolumeMounts" . }}
+{{- with .Values.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "matcher.baseVolumes" -}}
 - name: tmp
   emptyDir:
     sizeLimit: {{ .Values.tmpSizeLimit }}
@@ -305,12 +452,9 @@ as directories, not subPath, so that updates to them reach running pods.
     secretName: {{ .Values.kafka.tls.existingSecret }}
     defaultMode: 0440
 {{- end }}
-{{- with .Values.extraVolumes }}
-{{ toYaml . }}
-{{- end }}
 {{- end }}
 
-{{- define "matcher.volumeMounts" -}}
+{{- define "matcher.baseVolumeMounts" -}}
 - name: tmp
   mountPath: /tmp
 {{- if include "matcher.producersSecret" . }}
@@ -322,8 +466,5 @@ as directories, not subPath, so that updates to them reach running pods.
 - name: kafka-tls
   mountPath: {{ .Values.kafka.tls.mountPath }}
   readOnly: true
-{{- end }}
-{{- with .Values.extraVolumeMounts }}
-{{ toYaml . }}
 {{- end }}
 {{- end }}
