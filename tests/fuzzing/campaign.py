@@ -2,9 +2,12 @@
 
 Engines:
 
-- ``random`` (the default): N inputs of ``records.fuzz_record`` (mostly mutated signed
-  records, a tenth raw bytes) from a seeded ``random.Random``. Input ``i`` has its own seed
-  derived from ``--seed`` and ``i``, so ``--replay i`` regenerates exactly that input.
+- ``random`` (the default): N inputs from a seeded ``random.Random``: half
+  ``records.fuzz_record`` (mostly mutated signed CloudEvents records, a tenth raw bytes),
+  a quarter ``webhooks.as_record`` (forwarded plain webhooks, mutated) and a quarter
+  ``webhooks.fuzz_request`` (HTTP requests through the ingress's translation). Input
+  ``i`` has its own seed derived from ``--seed`` and ``i``, so ``--replay i`` regenerates
+  exactly that input.
 - ``atheris``: the same generator reading its decisions from libFuzzer's bytes
   (``FuzzedDataProvider``), with the gate and the quarantine encoding instrumented for
   coverage, for ``-runs=N``. Needs ``pip install atheris``.
@@ -22,17 +25,22 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
 from types import ModuleType
 
-from tests.fuzzing.choosers import ProviderChooser, RandomChooser
+from tests.fuzzing.choosers import Chooser, ProviderChooser, RandomChooser
 from tests.fuzzing.records import Record, fuzz_record
+from tests.fuzzing.webhooks import Request, as_record, fuzz_request
 
 PROGRESS_EVERY = 100_000
-Check = Callable[[bytes | None, tuple[tuple[bytes, bytes | None], ...], bytes | None], None]
 
 # What the atheris engine instruments: the gate and what it calls, and the row encoding.
-_INSTRUMENTED = ["matcher.auth", "matcher.domain.events", "matcher.store.quarantine_rows"]
+_INSTRUMENTED = [
+    "matcher.auth",
+    "matcher.domain.events",
+    "matcher.ingress.requests",
+    "matcher.store.quarantine_rows",
+]
+Input = Record | Request
 
 
 def _target() -> ModuleType:
@@ -40,16 +48,37 @@ def _target() -> ModuleType:
     return importlib.import_module("tests.fuzzing.target")
 
 
-def generate(seed: int, index: int) -> Record:
+def fuzz_input(c: Chooser) -> Input:
+    kind = c.integer(0, 3)
+    if kind <= 1:
+        return fuzz_record(c)
+    return as_record(c) if kind == 2 else fuzz_request(c)
+
+
+def generate(seed: int, index: int) -> Input:
     """Input ``index`` of the campaign with ``seed``: independent of every other input."""
-    return fuzz_record(RandomChooser(random.Random(f"{seed}:{index}")))
+    return fuzz_input(RandomChooser(random.Random(f"{seed}:{index}")))
 
 
-def report(index: int | None, record: Record, exc: BaseException) -> None:
+def check(found: Input) -> None:
     target = _target()
+    if isinstance(found, Request):
+        target.check_request(found)
+    else:
+        target.check_record(found.key, found.headers, found.value)
+
+
+def show(found: Input) -> str:
+    target = _target()
+    if isinstance(found, Request):
+        return str(target.request_reproducer(found))
+    return str(target.reproducer(found.key, found.headers, found.value))
+
+
+def report(index: int | None, found: Input, exc: BaseException) -> None:
     where = "" if index is None else f" (input {index}; --replay {index} regenerates it)"
     print(f"finding{where}:", file=sys.stderr)
-    print(target.reproducer(record.key, record.headers, record.value), file=sys.stderr)
+    print(show(found), file=sys.stderr)
     traceback.print_exception(exc, file=sys.stderr)
 
 
@@ -59,16 +88,15 @@ def summary(inputs: int, crashes: int, began: float) -> str:
 
 
 def run_random(inputs: int, seed: int, max_findings: int) -> int:
-    check: Check = _target().check_record
     began = time.monotonic()
     crashes = done = 0
     for index in range(inputs):
-        record = generate(seed, index)
+        found = generate(seed, index)
         try:
-            check(record.key, record.headers, record.value)
+            check(found)
         except Exception as exc:  # every exception, assertion or not, is a finding
             crashes += 1
-            report(index, record, exc)
+            report(index, found, exc)
         done = index + 1
         if done % PROGRESS_EVERY == 0:
             print(summary(done, crashes, began), flush=True)
@@ -79,12 +107,12 @@ def run_random(inputs: int, seed: int, max_findings: int) -> int:
 
 
 def replay(seed: int, index: int) -> int:
-    record = generate(seed, index)
-    print(_target().reproducer(record.key, record.headers, record.value))
+    found = generate(seed, index)
+    print(show(found))
     try:
-        _target().check_record(record.key, record.headers, record.value)
+        check(found)
     except Exception as exc:
-        report(index, record, exc)
+        report(index, found, exc)
         return 1
     print("no finding")
     return 0
@@ -107,18 +135,18 @@ def run_atheris(inputs: int, seed: int, extra: list[str]) -> int:
         print("the atheris engine needs `pip install atheris`", file=sys.stderr)
         return 2
     with atheris.instrument_imports(include=_INSTRUMENTED):
-        check: Check = _target().check_record
+        _target()
     began = time.monotonic()
     done = 0
 
     def one_input(data: bytes) -> None:
         nonlocal done
         done += 1
-        record = fuzz_record(ProviderChooser(atheris.FuzzedDataProvider(data)))
+        found = fuzz_input(ProviderChooser(atheris.FuzzedDataProvider(data)))
         try:
-            check(record.key, record.headers, record.value)
+            check(found)
         except Exception as exc:
-            report(None, record, exc)
+            report(None, found, exc)
             print(summary(done, 1, began), flush=True)
             raise  # libFuzzer saves the input as crash-<sha1> and exits
         if done == inputs:  # atheris.Fuzz() exits the process after the last run

@@ -11,12 +11,17 @@ finding and returns None otherwise. What it holds:
 - an accepted event is storable: its data is JSON that jsonb holds, its identifiers are
   text Postgres holds, and its time is an instant that Python can still read back (a
   timestamp outside ``datetime``'s range stores, but no reader can load it).
+
+``check_request`` does the same for an HTTP request through the ingress's translation
+(``matcher.ingress.requests.to_record``): it answers a ``RawRecord`` or a ``Refusal`` with
+a known status, never raises, and the record it makes is then checked as above.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import replace
 from datetime import UTC, datetime
 from functools import cache
@@ -30,11 +35,13 @@ from matcher.auth.policy import Policy
 from matcher.auth.record import RawRecord
 from matcher.auth.registry import Registry, parse_registry
 from matcher.domain.events import REASONS, CompletionEvent, Rejection, unstorable
+from matcher.ingress.requests import STATUS, Refusal, to_record
 
 # The row exactly as ingest builds it (a private helper: the encoding under test).
 from matcher.store.ingest import DEFAULT_BOUNDS, IngestRecord, _quarantine_params
 from matcher.store.quarantine_rows import MAX_DETAIL, MAX_TEXT, headers_from_json
 from tests.fuzzing.records import ARRIVAL, SCHEMAS, Header, registry_toml
+from tests.fuzzing.webhooks import Request, webhook_registry_toml
 
 ARRIVED_AT = datetime.fromtimestamp(ARRIVAL, UTC)
 POLICY = Policy()
@@ -55,7 +62,8 @@ _SEEN_KEYS = frozenset({"producer", "event_id", "tenant", "type", "correlation_i
 @cache
 def registry() -> Registry:
     """The generator's producers with their keys, and its payload schemas."""
-    parsed = parse_registry(registry_toml(), Path("."), origin="fuzz")
+    text = registry_toml() + webhook_registry_toml()
+    parsed = parse_registry(text, Path("."), origin="fuzz")
     schemas = {t: Draft202012Validator(s) for t, s in SCHEMAS.items()}
     return replace(parsed, schemas=schemas)
 
@@ -76,6 +84,56 @@ def check_record(key: bytes | None, headers: tuple[Header, ...], value: bytes | 
         check_quarantine_row(key, headers, value, verdict)
     else:
         raise AssertionError(f"the gate answered {type(verdict).__name__}: {verdict!r}")
+
+
+# An HTTP field name (RFC 9110 token), as h11 requires of every request.
+_TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9a-zA-Z]+")
+
+
+def to_ingress_record(request: Request) -> RawRecord | Refusal:
+    """The ingress's translation of ``request`` (its URL's producer must exist: the app
+    answers 404 before translating otherwise)."""
+    producer = registry().producers[request.producer]
+    return to_record(producer, list(request.headers), request.body, ARRIVED_AT)
+
+
+def ingress_verdict(request: Request) -> CompletionEvent | Rejection | Refusal:
+    """What the ingress answers ``request`` with, as ``matcher.ingress.app`` decides it:
+    the translation, the gate, and the URL's producer against the event's source."""
+    record = to_ingress_record(request)
+    if isinstance(record, Refusal):
+        return record
+    verdict = judge(record, registry(), POLICY)
+    if isinstance(verdict, CompletionEvent) and verdict.source != request.producer:
+        return Refusal("ambiguous", "the event's source is not the URL's producer")
+    return verdict
+
+
+def check_request(request: Request) -> None:
+    """Translate ``request`` as the ingress does; check the answer, then the record."""
+    record = to_ingress_record(request)
+    if isinstance(record, Refusal):
+        assert record.reason in STATUS, f"a refusal without a status: {record!r}"
+        assert isinstance(record.detail, str)
+        return
+    assert isinstance(record, RawRecord), f"to_record answered {type(record).__name__}"
+    tokens = all(_TOKEN.fullmatch(name) for name, _ in request.headers)
+    for name, value in record.headers:
+        assert isinstance(name, bytes), name
+        assert isinstance(value, bytes), (name, value)
+        if tokens:  # what an HTTP server lets through: the app names Kafka headers in ASCII
+            name.decode("ascii")
+    check_record(record.key, record.headers, record.value)
+    verdict = judge(record, registry(), POLICY)
+    if isinstance(verdict, Rejection):
+        assert verdict.reason in STATUS, f"the ingress has no status for {verdict.reason!r}"
+
+
+def request_reproducer(request: Request) -> str:
+    lines = ["check_request(Request(", f"    producer={request.producer!r},", "    headers=("]
+    lines += [f"        ({name!r}, {v!r})," for name, v in request.headers]
+    lines += ["    ),", f"    body={request.body!r},", "))"]
+    return "\n".join(lines)
 
 
 def reproducer(key: bytes | None, headers: tuple[Header, ...], value: bytes | None) -> str:
