@@ -2,9 +2,12 @@
 
 Each example goes through ``tests.fuzzing.target.check_record``: the gate must answer
 every record with an event or a reason, and what it rejects must make a quarantine row
-that Postgres takes. Bounded for ``make test``; ``MATCHER_TEST_FUZZ_EXAMPLES`` sets the
-number of structure-aware examples (raw-bytes examples are two thirds of it). The long
-run is ``python -m tests.fuzzing.campaign``.
+that Postgres takes. Forwarded plain webhooks (as the daemon reads them from Kafka) and
+HTTP requests through the ingress's translation (``check_request``) are fuzzed the same
+way. Bounded for ``make test``; ``MATCHER_TEST_FUZZ_EXAMPLES`` sets the number of
+structure-aware CloudEvents records (raw-bytes examples are two thirds of it, webhook
+records and HTTP requests a fifth each). The long run is
+``python -m tests.fuzzing.campaign``.
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ from matcher_producer import encode, sign_record
 
 from tests.fuzzing.choosers import HypothesisChooser
 from tests.fuzzing.records import ARRIVAL, PRODUCERS, RESERVED_NAMES, Record, fuzz_record
-from tests.fuzzing.target import check_record, reproducer
+from tests.fuzzing.target import check_record, check_request, reproducer, request_reproducer
+from tests.fuzzing.webhooks import ALL_SOURCES, Request, as_record, fuzz_request
 
 STRUCTURED_EXAMPLES = int(os.environ.get("MATCHER_TEST_FUZZ_EXAMPLES", "3000"))
 RAW_EXAMPLES = max(1, STRUCTURED_EXAMPLES * 2 // 3)
+WEBHOOK_EXAMPLES = max(1, STRUCTURED_EXAMPLES // 5)
 
 # Examples draw hundreds of decisions and some build megabyte values on purpose; neither
 # is a problem of the test.
@@ -52,6 +57,45 @@ def test_structure_aware_records(data: st.DataObject) -> None:
 @given(_raw_records)
 def test_raw_records(record: Record) -> None:
     _check(record)
+
+
+@settings(_FUZZ, max_examples=WEBHOOK_EXAMPLES)
+@given(st.data())
+def test_structure_aware_webhook_records(data: st.DataObject) -> None:
+    _check(as_record(HypothesisChooser(data)))
+
+
+@settings(_FUZZ, max_examples=WEBHOOK_EXAMPLES)
+@given(st.data())
+def test_structure_aware_http_requests(data: st.DataObject) -> None:
+    _check_request(fuzz_request(HypothesisChooser(data)))
+
+
+_http_names = st.one_of(
+    st.sampled_from([*RESERVED_NAMES, b"matcher_webhook", b"x-hub-signature-256",
+                     b"stripe-signature", b"ce-id", b"ce-source", b"ce-tenant"]),
+    st.binary(max_size=24),
+)  # fmt: skip
+_raw_requests = st.builds(
+    Request,
+    producer=st.sampled_from(ALL_SOURCES),
+    headers=st.lists(st.tuples(_http_names, st.binary(max_size=64)), max_size=8).map(tuple),
+    body=st.binary(max_size=512),
+)
+
+
+@settings(_FUZZ, max_examples=WEBHOOK_EXAMPLES)
+@given(_raw_requests)
+def test_raw_http_requests(request: Request) -> None:
+    _check_request(request)
+
+
+def _check_request(request: Request) -> None:
+    try:
+        check_request(request)
+    except BaseException:
+        note(request_reproducer(request))
+        raise
 
 
 def _check(record: Record) -> None:

@@ -8,7 +8,16 @@ time, data (and data content type). Mutations that leave the facts alone may be 
 (an unrelated header, another Kafka key); the statistics count them, and a deterministic
 test makes sure some are, so the property cannot hold by rejecting everything.
 
-``MATCHER_TEST_PROPERTY_EXAMPLES`` sets the number of examples; run with
+The same holds for forwarded plain webhooks (Standard Webhooks with HMAC and Ed25519
+keys, GitHub, Stripe) mutated as a Kafka producer could, and for HTTP requests through the
+ingress (``to_record``, the gate, the URL's producer against the event's source) mutated
+as a sender on the internet could: the body, each header renamed, respelled, duplicated,
+removed or given another value, the URL's producer, ``matcher_webhook`` and ``ce-``
+headers of the sender's own, the content type, the percent-encoding of ``ce-`` values.
+Every translation answers a record or a refusal, and never raises.
+
+``MATCHER_TEST_PROPERTY_EXAMPLES`` sets the number of CloudEvents examples (webhook
+records and HTTP requests get a third of it each); run with
 ``--hypothesis-show-statistics`` to see how often each mutation was still accepted.
 """
 
@@ -20,17 +29,35 @@ import random
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 import pytest
 from hypothesis import HealthCheck, event, given, note, settings, target
 from hypothesis import strategies as st
 
 from matcher.domain.events import CompletionEvent, Rejection
+from matcher.ingress.requests import Refusal
 from tests.fuzzing.choosers import HypothesisChooser, RandomChooser
 from tests.fuzzing.records import Record, mutate, valid_record
-from tests.fuzzing.target import check_record, judge_record, reproducer
+from tests.fuzzing.target import (
+    check_record,
+    check_request,
+    ingress_verdict,
+    judge_record,
+    reproducer,
+    request_reproducer,
+)
+from tests.fuzzing.webhooks import (
+    WEBHOOK_SOURCES,
+    Request,
+    mutate_request,
+    percent_encode,
+    valid_request,
+    valid_webhook_record,
+)
 
 EXAMPLES = int(os.environ.get("MATCHER_TEST_PROPERTY_EXAMPLES", "2000"))
+WEBHOOK_EXAMPLES = max(1, EXAMPLES // 3)
 
 # How far a mutated record got through the gate, for hypothesis to push towards: records
 # that pass the signature are where a broken property would show.
@@ -65,6 +92,12 @@ def facts(e: CompletionEvent) -> tuple[Any, ...]:
         data,
         e.datacontenttype,
     )
+
+
+def webhook_facts(e: CompletionEvent) -> tuple[Any, ...]:
+    """A plain webhook's facts: its datacontenttype is the unsigned content-type's media
+    type (any JSON type), stored nowhere, so it is not one of them."""
+    return facts(e)[:-1] if e.source in WEBHOOK_SOURCES else facts(e)
 
 
 def judge(record: Record) -> CompletionEvent | Rejection:
@@ -112,6 +145,68 @@ def test_no_mutation_changes_what_an_accepted_record_says(data: st.DataObject) -
         note(reproducer(*_parts(original)))
         note(reproducer(*_parts(mutated)))
     assert facts(verdict) == expected, f"{label} changed an accepted event"
+
+
+_PROPERTY = settings(
+    max_examples=WEBHOOK_EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+@_PROPERTY
+@given(st.data())
+def test_no_mutation_changes_what_an_accepted_webhook_record_says(data: st.DataObject) -> None:
+    """A forwarded plain webhook on the events topic, mutated by a Kafka producer."""
+    chooser = HypothesisChooser(data)
+    original = valid_webhook_record(chooser)
+    expected = webhook_facts(accepted(original))
+    mutated, names = original, []
+    for _ in range(chooser.integer(1, 2)):
+        name, mutated = mutate(chooser, mutated)
+        names.append(name)
+    check_record(*_parts(mutated))
+    verdict = judge(mutated)
+    if isinstance(verdict, Rejection):
+        event(f"webhook record rejected {verdict.reason}")
+        target(_STAGE.get(verdict.reason, 0), label="webhook record stage reached")
+        return
+    event(f"webhook record still accepted after {'+'.join(names)}")
+    if webhook_facts(verdict) != expected:
+        note(reproducer(*_parts(original)))
+        note(reproducer(*_parts(mutated)))
+    assert webhook_facts(verdict) == expected, f"{'+'.join(names)} changed an accepted event"
+
+
+def accepted_request(request: Request) -> CompletionEvent:
+    verdict = ingress_verdict(request)
+    assert isinstance(verdict, CompletionEvent), (verdict, request_reproducer(request))
+    return verdict
+
+
+@_PROPERTY
+@given(st.data())
+def test_no_mutation_changes_what_an_accepted_request_says(data: st.DataObject) -> None:
+    """An HTTP request through the ingress's translation and the gate, mutated by a sender
+    on the internet."""
+    chooser = HypothesisChooser(data)
+    original = valid_request(chooser)
+    expected = webhook_facts(accepted_request(original))
+    mutated, names = original, []
+    for _ in range(chooser.integer(1, 2)):
+        name, mutated = mutate_request(chooser, mutated)
+        names.append(name)
+    check_request(mutated)  # never raises, and what it makes is fuzz input for the gate
+    verdict = ingress_verdict(mutated)
+    if isinstance(verdict, Refusal | Rejection):
+        event(f"request refused {verdict.reason}")
+        target(_STAGE.get(verdict.reason, 0), label="request stage reached")
+        return
+    event(f"request still accepted after {'+'.join(names)}")
+    if webhook_facts(verdict) != expected:
+        note(request_reproducer(original))
+        note(request_reproducer(mutated))
+    assert webhook_facts(verdict) == expected, f"{'+'.join(names)} changed an accepted event"
 
 
 # --- the property is not vacuous -------------------------------------------------------
@@ -170,3 +265,78 @@ def test_some_generated_mutations_are_accepted() -> None:
             assert facts(verdict) == expected
             still += 1
     assert still >= 10, f"only {still} of 200 mutated records were still accepted"
+
+
+def _requests(n: int = 60) -> list[Request]:
+    chooser = RandomChooser(random.Random(20260102))
+    return [valid_request(chooser) for _ in range(n)]
+
+
+def _with_headers(request: Request, headers: list[tuple[bytes, bytes]]) -> Request:
+    return replace(request, headers=tuple(headers))
+
+
+def _noise(request: Request) -> Request:
+    return _with_headers(request, [(b"user-agent", b"curl/8"), *request.headers])
+
+
+def _headers_reversed(request: Request) -> Request:
+    return _with_headers(request, list(request.headers[::-1]))
+
+
+def _charset(request: Request) -> Request:
+    # For CloudEvents binary mode content-type is signed: only webhooks' is free.
+    if request.producer not in WEBHOOK_SOURCES:
+        return request
+    return _with_headers(
+        request,
+        [(n, b"application/json; charset=UTF-8" if n == b"content-type" else v)
+         for n, v in request.headers],
+    )  # fmt: skip
+
+
+def _reencoded(request: Request) -> Request:
+    chooser = RandomChooser(random.Random(3))
+    return _with_headers(
+        request,
+        [(n, percent_encode(chooser, unquote_to_bytes(v)) if n.startswith(b"ce-") else v)
+         for n, v in request.headers],
+    )  # fmt: skip
+
+
+def _new_delivery(request: Request) -> Request:
+    kept = [h for h in request.headers if h[0] != b"x-github-delivery"]
+    return _with_headers(request, [*kept, (b"x-github-delivery", b"another-delivery")])
+
+
+HARMLESS_REQUESTS: dict[str, Callable[[Request], Request]] = {
+    "an unrelated header": _noise,
+    "headers reversed": _headers_reversed,
+    "a charset parameter": _charset,
+    "ce- values percent-encoded otherwise": _reencoded,
+    "another GitHub delivery id": _new_delivery,
+}
+
+
+@pytest.mark.parametrize("mutation", HARMLESS_REQUESTS.values(), ids=HARMLESS_REQUESTS.keys())
+def test_harmless_request_mutations_are_accepted_unchanged(
+    mutation: Callable[[Request], Request],
+) -> None:
+    originals = _requests()
+    assert {r.producer for r in originals} >= set(WEBHOOK_SOURCES)
+    for original in originals:
+        verdict = ingress_verdict(mutation(original))
+        assert isinstance(verdict, CompletionEvent), (verdict, request_reproducer(original))
+        assert facts(verdict) == facts(accepted_request(original))
+
+
+def test_some_generated_request_mutations_are_accepted() -> None:
+    chooser = RandomChooser(random.Random(11))
+    still = 0
+    for original in _requests(200):
+        expected = webhook_facts(accepted_request(original))
+        verdict = ingress_verdict(mutate_request(chooser, original)[1])
+        if isinstance(verdict, CompletionEvent):
+            assert webhook_facts(verdict) == expected
+            still += 1
+    assert still >= 10, f"only {still} of 200 mutated requests were still accepted"
