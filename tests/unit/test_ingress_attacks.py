@@ -1,0 +1,84 @@
+"""Attacks on the ingress's translation of a request (``to_record``) and what the gate
+reads of it: what an unauthenticated sender on the internet can make of its headers."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from matcher.auth.gate import judge
+from matcher.auth.policy import Policy
+from matcher.auth.record import RawRecord
+from matcher.auth.registry import Registry, parse_registry
+from matcher.domain.events import CompletionEvent, Rejection
+from matcher.ingress.requests import Refusal, to_record
+from tests import webhook_senders as senders
+
+
+@pytest.fixture(scope="module")
+def registry() -> Registry:
+    return parse_registry(senders.PRODUCERS_TOML, Path("."))
+
+
+def _verdict(
+    registry: Registry, producer: str, headers: senders.Headers, body: bytes
+) -> CompletionEvent | Rejection | Refusal:
+    made = to_record(registry.producers[producer], headers, body, datetime.now(UTC))
+    return made if isinstance(made, Refusal) else judge(made, registry, Policy())
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        (b"matcher_webhook", b"stripe"),  # the sender naming another producer
+        (b"matcher-webhook", b"stripe"),
+        (b"ce-tenant", b"globex"),  # a CloudEvents attribute beside a plain webhook
+        (b"ce_tenant", b"globex"),
+        (b"webhook_signature", b"v1,AAAA"),
+        (b"x_hub_signature_256", b"sha256=00"),
+    ],
+)
+def test_a_sender_cannot_add_a_reading_to_a_signed_webhook(
+    registry: Registry, extra: tuple[bytes, bytes]
+) -> None:
+    body = senders.body_bytes(senders.openai_batch("batch_abc"))
+    headers = [*senders.standard_request(body, "msg_1"), extra]
+    verdict = _verdict(registry, "openai", headers, body)
+    if isinstance(verdict, CompletionEvent):  # dropped as unread: the same event
+        assert (verdict.source, verdict.tenant, verdict.id) == ("openai", "acme", "msg_1")
+    else:
+        assert verdict.reason == "ambiguous"
+
+
+def test_a_body_with_a_duplicated_key_is_refused_even_when_signed(registry: Registry) -> None:
+    body = b'{"id":"evt","type":"batch.completed","data":{"id":"a","id":"b"}}'
+    verdict = _verdict(registry, "openai", senders.standard_request(body, "msg_1"), body)
+    assert isinstance(verdict, Rejection)
+    assert verdict.reason == "ambiguous"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"id":"e","type":"batch.completed","data":{"id":' + b"9" * 5000 + b"}}",
+        b'{"id":"e","type":"batch.completed","data":{"id":"a"},"x":' + b"[" * 100_000 + b"}",
+        b'{"id":"e","type":"batch.completed","data":{"id":"\\ud800"}}',
+        b'{"id":"e","type":"batch.completed","data":{"id":"a\\u0000"}}',
+    ],
+)
+def test_hostile_signed_bodies_are_refused_without_raising(registry: Registry, body: bytes) -> None:
+    verdict = _verdict(registry, "openai", senders.standard_request(body, "msg_1"), body)
+    assert isinstance(verdict, Rejection), verdict
+
+
+def test_a_webhook_sent_to_a_cloudevents_producer_url_is_not_a_webhook(
+    registry: Registry,
+) -> None:
+    body = senders.body_bytes(senders.openai_batch("batch_abc"))
+    ce_producer = replace(registry.producers["openai"], source="ce-svc", webhook=None)
+    made = to_record(ce_producer, senders.standard_request(body, "msg_1"), body, datetime.now(UTC))
+    assert isinstance(made, RawRecord)
+    assert b"matcher_webhook" not in dict(made.headers)
