@@ -183,7 +183,10 @@ def reserved_headers(
     return found
 
 
-_MEDIA_TYPES: dict[bytes, str | Rejection] = {}  # content types repeat: remembered, bounded
+# Content types repeat: remembered, bounded in count and, since the sender chooses them,
+# in length (a long value is parsed each time rather than pinned in memory).
+_MEDIA_TYPES: dict[bytes, str | Rejection] = {}
+_MEDIA_TYPE_CACHED_BYTES = 128
 
 
 def media_type(raw: bytes) -> str | Rejection:
@@ -191,7 +194,7 @@ def media_type(raw: bytes) -> str | Rejection:
     found = _MEDIA_TYPES.get(raw)
     if found is None:
         found = _media_type(raw)
-        if len(_MEDIA_TYPES) < _NAME_KINDS_MAX:
+        if len(_MEDIA_TYPES) < _NAME_KINDS_MAX and len(raw) <= _MEDIA_TYPE_CACHED_BYTES:
             _MEDIA_TYPES[raw] = found
     return found
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
@@ -59,6 +60,44 @@ class IngressState:
     stopping: asyncio.Event
 
 
+class _FramingGuard:
+    """ASGI middleware: a request framed two ways (Content-Length and Transfer-Encoding)
+    is refused and its connection closed (RFC 9112, 6.1: a proxy in front may have framed
+    it the other way, and what follows would be a request it never saw); every answer
+    gets the safe headers, the framework's own 404 and 405 too."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        names = {name for name, _ in scope["headers"]}
+        if b"content-length" in names and b"transfer-encoding" in names:
+            REQUESTS.labels(UNKNOWN_PRODUCER, "malformed").inc()
+            response = JSONResponse(
+                {"reason": "malformed"},
+                status_code=400,
+                headers={**_SAFE_HEADERS, "Connection": "close"},
+            )
+            await response(scope, receive, send)
+            return
+
+        async def send_safely(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                present = {name.lower() for name, _ in message.get("headers", [])}
+                extra = [
+                    (name.lower().encode(), value.encode())
+                    for name, value in _SAFE_HEADERS.items()
+                    if name.lower().encode() not in present
+                ]
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
+        await self.app(scope, receive, send_safely)
+
+
 def create_app(state: IngressState) -> FastAPI:
     app = FastAPI(
         title="matcher webhook ingress",
@@ -66,7 +105,11 @@ def create_app(state: IngressState) -> FastAPI:
         docs_url=None,  # internet-facing: no interactive pages
         redoc_url=None,
         openapi_url=None,
+        # A trailing slash would be redirected to a URL built from the Host header: a
+        # signed POST re-sent wherever a sender's Host says.
+        redirect_slashes=False,
     )
+    app.add_middleware(_FramingGuard)
     slots = asyncio.Semaphore(state.settings.ingress_max_concurrency)
 
     @app.get("/healthz")

@@ -82,3 +82,23 @@ def test_a_webhook_sent_to_a_cloudevents_producer_url_is_not_a_webhook(
     made = to_record(ce_producer, senders.standard_request(body, "msg_1"), body, datetime.now(UTC))
     assert isinstance(made, RawRecord)
     assert b"matcher_webhook" not in dict(made.headers)
+
+
+def test_content_types_a_sender_chooses_cannot_pin_memory(registry: Registry) -> None:
+    """``media_type`` remembers up to 4096 content-type values, however long each is; the
+    values are the sender's choice, up to the header bound (16 KiB), so unauthenticated
+    requests can pin some 64 MiB in every ingress and daemon process for good."""
+    from matcher.auth import record
+
+    saved = dict(record._MEDIA_TYPES)
+    record._MEDIA_TYPES.clear()
+    try:
+        producer = registry.producers["openai"]
+        for i in range(4096):
+            value = b"application/json; x=%d" % i + b"a" * 16_000
+            to_record(producer, [(b"content-type", value)], b"{}", datetime.now(UTC))
+        pinned = sum(len(k) for k in record._MEDIA_TYPES)
+    finally:
+        record._MEDIA_TYPES.clear()
+        record._MEDIA_TYPES.update(saved)
+    assert pinned <= 1024 * 1024, f"{pinned / 2**20:.0f} MiB of content-type values remembered"

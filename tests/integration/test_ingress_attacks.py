@@ -1,0 +1,72 @@
+"""Attacks on ``matcher ingress`` as a real process, over raw sockets."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from matcher.config import Settings
+from tests import webhook_senders as senders
+from tests.integration.test_ingress import IngressProcess, _host_port, _ingress_env
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def ingress(settings: Settings, tmp_path: Path) -> Iterator[IngressProcess]:
+    producers = tmp_path / "producers.toml"
+    producers.write_text(senders.PRODUCERS_TOML)
+    secure = settings.model_copy(update={"producers_file": producers, "allow_unsigned": False})
+    process = IngressProcess(_ingress_env(secure, MATCHER_INGRESS_READ_TIMEOUT_S="2"))
+    process.wait_listening()
+    process.wait_ready()
+    yield process
+    assert process.stop() == 0, process.output
+
+
+def _exchange(ingress: IngressProcess, request: bytes) -> bytes:
+    """Everything the ingress answers on one connection, until it closes or goes quiet."""
+    with socket.create_connection(_host_port(ingress), timeout=10) as conn:
+        conn.sendall(request)
+        conn.settimeout(3)
+        answer = b""
+        try:
+            while chunk := conn.recv(65536):
+                answer += chunk
+        except TimeoutError:
+            pass
+    return answer
+
+
+def test_content_length_with_transfer_encoding_closes_the_connection(
+    ingress: IngressProcess,
+) -> None:
+    """RFC 9112 6.1: a request with both Content-Length and Transfer-Encoding "might
+    indicate an attempt to perform request smuggling"; the server MUST close the connection
+    after responding (or refuse it). A front proxy that frames by Content-Length would
+    otherwise have the ingress read a request the proxy never saw."""
+    body = senders.body_bytes(senders.openai_batch("batch_smuggle"))
+    head = b"".join(n + b": " + v + b"\r\n" for n, v in senders.standard_request(body, "m_s"))
+    smuggled = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    request = (
+        b"POST /v1/webhooks/openai HTTP/1.1\r\nHost: x\r\n" + head
+        + b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body) + smuggled
+    )  # fmt: skip
+    answer = _exchange(ingress, request)
+    assert answer.count(b"HTTP/1.1 ") == 1, answer.decode(errors="replace")
+
+
+def test_the_host_header_is_not_reflected_into_a_redirect(ingress: IngressProcess) -> None:
+    """A trailing slash makes Starlette answer 307 with a Location built from the Host
+    header: a sender's header reflected, and a 307 makes clients re-send the signed POST
+    body to that host."""
+    answer = _exchange(
+        ingress,
+        b"POST /v1/webhooks/openai/ HTTP/1.1\r\nHost: attacker.example\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
+    )
+    assert b"attacker.example" not in answer, answer.decode(errors="replace")
