@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import signal
 import socket
 from collections.abc import Generator
@@ -93,7 +94,7 @@ def _uvicorn_config(settings: IngressSettings, app: Any) -> uvicorn.Config:
         date_header=True,
         limit_concurrency=settings.ingress_max_connections,
         timeout_keep_alive=5,
-        timeout_graceful_shutdown=int(settings.ingress_drain_timeout_s) or 1,
+        timeout_graceful_shutdown=math.ceil(settings.ingress_drain_timeout_s),
         h11_max_incomplete_event_size=settings.max_header_bytes,
     )
 
