@@ -13,12 +13,22 @@ from pathlib import Path
 from typing import Any, Literal, Self
 from urllib.parse import urlsplit
 
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from matcher.auth.policy import Policy
 
 ENV_PREFIX = "MATCHER_"
+
+# libpq parameters every daemon connection gets unless the URL says otherwise.
+_CONNECTION_DEFAULTS = {
+    "connect_timeout": "5",
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+}
 
 # Kafka topic names: the broker's own rule (legal characters, at most 249 of them).
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -231,6 +241,17 @@ class Settings(KafkaSettings):
         if value is not None and not value.get_secret_value().strip():
             raise ValueError("is empty: unset it to leave /v1 open, or give a token")
         return value
+
+    def database_conninfo(self) -> str:
+        """The database URL with the connection defaults a daemon needs to survive a
+        failover, where the URL does not set them: ``connect_timeout`` (libpq applies it
+        per host, so a primary that vanished does not hold every reconnect for the OS's
+        minutes-long TCP timeout before the next host of a multi-host URL is tried) and
+        TCP keepalives (a connection to a host that went away is noticed in seconds)."""
+        url = self.database_url.get_secret_value()
+        given = conninfo_to_dict(url)
+        missing = {k: v for k, v in _CONNECTION_DEFAULTS.items() if k not in given}
+        return make_conninfo(url, **missing) if missing else url
 
     @field_validator("admin_address")
     @classmethod

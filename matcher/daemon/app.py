@@ -77,7 +77,7 @@ async def _warn_on_create_time(settings: Settings) -> None:
 
 async def _open_pool(settings: Settings) -> AsyncConnectionPool:
     pool = AsyncConnectionPool(
-        settings.database_url.get_secret_value(),
+        settings.database_conninfo(),
         min_size=settings.db_pool_min_size,
         max_size=settings.db_pool_max_size,
         open=False,
@@ -214,7 +214,7 @@ def _log_ready(settings: Settings) -> None:
 async def _supervise_with_wakeups(settings: Settings, stop: asyncio.Event, loops: _Loops) -> None:
     # Wake-ups only; not supervised (it reconnects on its own, and the loops poll).
     listener = asyncio.create_task(
-        listen(settings.database_url.get_secret_value(), loops.wake), name="listener"
+        listen(settings.database_conninfo(), loops.wake), name="listener"
     )
     try:
         await _supervise(stop, loops.tasks, settings.shutdown_timeout_s)

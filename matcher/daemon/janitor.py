@@ -33,7 +33,7 @@ async def tidy_once(
             log.info("quarantine purged", extra={"records": dropped})
         await ensure_days(conn)
     keep = settings.inbox_retention + settings.inbox_purge_after
-    return expired, await drop_expired_days(settings.database_url.get_secret_value(), keep)
+    return expired, await drop_expired_days(settings.database_conninfo(), keep)
 
 
 class Janitor:

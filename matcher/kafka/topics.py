@@ -67,7 +67,9 @@ async def ensure_topics(
                     name,
                     partitions,
                     replication_factor,
-                    topic_configs=dict((configs or {}).get(name, {})),
+                    topic_configs=_with_durability(
+                        (configs or {}).get(name, {}), replication_factor
+                    ),
                 )
                 for name in missing
             ]
@@ -81,6 +83,21 @@ async def ensure_topics(
                 message = topic_error[2] if len(topic_error) > 2 else ""
                 raise RuntimeError(f"could not create topic {name!r}: error {code} {message}")
         return created
+
+
+def min_insync_replicas(replication_factor: int) -> int | None:
+    """What ``acks=all`` should wait for: with three replicas or more, two (a write then
+    survives the loss of any one broker, and one broker may be down without stopping
+    writes); below three, the broker's default (one)."""
+    return 2 if replication_factor >= 3 else None
+
+
+def _with_durability(configs: Mapping[str, str], replication_factor: int) -> dict[str, str]:
+    chosen = dict(configs)
+    wanted = min_insync_replicas(replication_factor)
+    if wanted is not None:
+        chosen.setdefault("min.insync.replicas", str(wanted))
+    return chosen
 
 
 async def delete_topics(client_options: dict[str, Any], names: Iterable[str]) -> None:

@@ -103,3 +103,29 @@ def test_sasl_passes_through(monkeypatch: pytest.MonkeyPatch) -> None:
     options = settings.kafka_client_options()
     assert options["sasl_mechanism"] == "SCRAM-SHA-512"
     assert options["sasl_plain_password"] == "pw"
+
+
+def test_daemon_connections_get_failover_defaults_the_url_does_not_set() -> None:
+    from psycopg.conninfo import conninfo_to_dict
+
+    multi = "postgresql://matcher@h1:5432,h2:5433/matcher?target_session_attrs=read-write"
+    found = conninfo_to_dict(
+        Settings(kafka_bootstrap_servers="k:9092", database_url=multi).database_conninfo()
+    )
+    assert found["host"] == "h1,h2"
+    assert found["port"] == "5432,5433"
+    assert found["target_session_attrs"] == "read-write"
+    assert (found["connect_timeout"], found["keepalives"]) == ("5", "1")
+    mine = "postgresql://matcher@h1/matcher?connect_timeout=30&keepalives=0"
+    found = conninfo_to_dict(
+        Settings(kafka_bootstrap_servers="k:9092", database_url=mine).database_conninfo()
+    )
+    assert (found["connect_timeout"], found["keepalives"]) == ("30", "0")  # the URL's own
+
+
+def test_topics_with_three_replicas_want_two_in_sync() -> None:
+    from matcher.kafka.topics import _with_durability
+
+    assert _with_durability({}, 3) == {"min.insync.replicas": "2"}
+    assert _with_durability({"min.insync.replicas": "3"}, 5) == {"min.insync.replicas": "3"}
+    assert _with_durability({"retention.ms": "1"}, 1) == {"retention.ms": "1"}
