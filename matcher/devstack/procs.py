@@ -15,6 +15,11 @@ class DevstackError(Exception):
     """A devstack service could not be brought up or down; the message says why."""
 
 
+class DevstackUsageError(DevstackError):
+    """The request does not fit this stack (another mode, no such broker); the message
+    says what to ask instead."""
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
