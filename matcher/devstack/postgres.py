@@ -280,10 +280,15 @@ def stop(paths: PostgresPaths, *, timeout: float = 60.0) -> None:
 
 
 def _query(port: int, sql: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    """Run one statement on the server on ``port``; its rows (none for a command)."""
     import psycopg
 
-    with psycopg.connect(url(port, "postgres"), connect_timeout=3, autocommit=True) as conn:
-        return list(conn.execute(sql, params).fetchall())
+    try:
+        with psycopg.connect(url(port, "postgres"), connect_timeout=3, autocommit=True) as conn:
+            cursor = conn.execute(sql, params)
+            return list(cursor.fetchall()) if cursor.description is not None else []
+    except psycopg.Error as exc:
+        raise DevstackError(f"Postgres on 127.0.0.1:{port}: {sql}: {exc}") from exc
 
 
 def accepts_writes(port: int) -> bool:
@@ -305,11 +310,9 @@ def accepts_writes(port: int) -> bool:
 
 def replication(port: int) -> list[tuple[str, str, str]]:
     """(application_name, state, sync_state) of each standby streaming from ``port``."""
-    import psycopg
-
     try:
         rows = _query(port, "SELECT application_name, state, sync_state FROM pg_stat_replication")
-    except psycopg.Error:
+    except DevstackError:
         return []
     return [(str(a), str(b), str(c)) for a, b, c in rows]
 
@@ -335,14 +338,12 @@ def wait_streaming(primary_port: int, name: str, *, sync: bool, timeout: float) 
 def reload(port: int, setting: str, value: str, *, timeout: float = 30.0) -> None:
     """Have the server on ``port`` reread its configuration; return once ``setting`` has
     ``value`` (a reload is a signal: it takes effect a moment later)."""
-    import psycopg
-
     _query(port, "SELECT pg_reload_conf()")
 
     def applied() -> bool:
         try:
             return _query(port, "SELECT current_setting(%s)", (setting,)) == [(value,)]
-        except psycopg.Error:
+        except DevstackError:
             return False
 
     if not wait_until(applied, timeout=timeout, interval=0.05):
@@ -376,6 +377,9 @@ def kill(paths: PostgresPaths, *, timeout: float = 30.0) -> int | None:
             os.kill(each, signal.SIGKILL)
     if not wait_until(lambda: not any(pid_alive(p, "postgres") for p in doomed), timeout=timeout):
         raise DevstackError(f"PostgreSQL (pid {pid}) outlived SIGKILL for {timeout:.0f}s")
+    # Dead, but perhaps not yet reaped: a zombie's pid still answers kill(pid, 0), and
+    # Postgres would take the lock file for another postmaster's.
+    (paths.data / "postmaster.pid").unlink(missing_ok=True)
     return pid
 
 
@@ -429,6 +433,10 @@ def rewind(paths: PostgresPaths, primary_port: int, *, timeout: float) -> str:
     _prepare_home(paths, user)
     source = f"host=127.0.0.1 port={primary_port} user={SUPERUSER} dbname=postgres"
     started = time.monotonic()
+    # A just-promoted primary writes its new timeline to its control file only at its
+    # next checkpoint, and pg_rewind reads the source's timeline there: without this it
+    # would rewind onto the old timeline, and the standby could not start.
+    _query(primary_port, "CHECKPOINT")
     result = subprocess.run(
         [
             "timeout",

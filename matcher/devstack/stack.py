@@ -282,9 +282,11 @@ class Devstack:
             standby = False
         return brokers, standby
 
-    def _resolve_mode(self, brokers: int | None, standby: bool | None) -> Mode:
+    def _resolve_mode(
+        self, brokers: int | None, standby: bool | None, *, check: bool = True
+    ) -> Mode:
         """The mode asked for: what the options say, the rest as the stack already is;
-        refuse a mode that the data here does not have."""
+        with ``check``, refuse a mode that the data here does not have."""
         if brokers is not None and brokers not in (1, CLUSTER_BROKERS):
             raise DevstackUsageError(f"--brokers {brokers}: the devstack runs 1 or 3 brokers")
         remembered = self.state()
@@ -301,7 +303,7 @@ class Devstack:
         clash = (has_brokers is not None and has_brokers != want.brokers) or (
             has_standby is not None and has_standby != want.standby
         )
-        if clash:
+        if check and clash:
             have = Mode(has_brokers or want.brokers, bool(has_standby))
             again = f"matcher devstack up --fresh {want.flags()}".rstrip()
             raise DevstackUsageError(
@@ -353,12 +355,15 @@ class Devstack:
         timeout: float = DEFAULT_TIMEOUT,
     ) -> Ports:
         """Start every service (idempotent); with ``fresh``, wipe their data first. The
-        mode is what ``brokers`` and ``standby`` ask, else the stack's own, else single."""
+        mode is what ``brokers`` and ``standby`` ask, else the stack's own, else single;
+        without ``fresh``, asking for another mode than the data here has is refused."""
         with self._locked():
+            # Fresh data, the same mode unless the options ask for another.
+            mode = self._resolve_mode(brokers, standby, check=not fresh)
             if fresh:
                 self._stop_all()
                 self._wipe()
-            state = self._choose_state(self._resolve_mode(brokers, standby))
+            state = self._choose_state(mode)
             if state.mode.brokers == 1:
                 self._start_postgres(state, timeout)
                 kafka.start(
