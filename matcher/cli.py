@@ -83,7 +83,10 @@ app = typer.Typer(
 )
 devstack_app = _typer(
     "A local Apache Kafka (KRaft) and PostgreSQL for development and tests, kept in "
-    ".devstack/ at the project root (or MATCHER_DEVSTACK_DIR)."
+    ".devstack/ at the project root (or MATCHER_DEVSTACK_DIR). One broker and one server "
+    "by default; `up --brokers 3 --standby` runs a cluster and a synchronous standby, "
+    "which the stop-, start-, pause-, resume-broker, failover and rejoin commands break "
+    "on purpose."
 )
 app.add_typer(devstack_app, name="devstack")
 waits_app = _typer("Register, list and cancel waits.")

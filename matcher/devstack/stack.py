@@ -344,6 +344,13 @@ class Devstack:
             raise DevstackError(f"no devstack at {self.home}: run `matcher devstack up` first")
         return state
 
+    @contextlib.contextmanager
+    def _locked_existing(self) -> Iterator[None]:
+        """The lock of a stack that exists (taking it would create the directory)."""
+        self._require()
+        with self._locked():
+            yield
+
     # Up and down.
 
     def up(
@@ -606,7 +613,7 @@ class Devstack:
 
     def stop_broker(self, node_id: int, *, timeout: float = 30.0) -> dict[str, Any]:
         """Kill broker ``node_id`` with SIGKILL (a crash), and return once it is gone."""
-        with self._locked():
+        with self._locked_existing():
             state = self._require()
             paths, _ = self._broker(state, node_id)
             started = time.monotonic()
@@ -620,7 +627,7 @@ class Devstack:
 
     def start_broker(self, node_id: int, *, timeout: float = DEFAULT_TIMEOUT) -> dict[str, Any]:
         """Start broker ``node_id`` again on its ports and data; return once it answers."""
-        with self._locked():
+        with self._locked_existing():
             state = self._require()
             paths, broker = self._broker(state, node_id)
             started = time.monotonic()
@@ -659,9 +666,10 @@ class Devstack:
                 f"broker {node_id} is not running: `matcher devstack start-broker {node_id}`"
             )
         with _signals_interrupt():
-            pid = kafka.pause(paths)
             started = time.monotonic()
             try:
+                pid = kafka.pause(paths)
+                started = time.monotonic()
                 if on_paused is not None:
                     on_paused(pid)
                 # The wait is the point here: the broker stays stopped this long.
@@ -697,7 +705,7 @@ class Devstack:
         """Crash the primary (SIGKILL to the postmaster and its processes), promote the
         standby, and (with ``rejoin``) rewind the old primary into the new synchronous
         standby. Times are seconds from the kill."""
-        with self._locked():
+        with self._locked_existing():
             state = self._require_standby()
             old, new = state.postgres
             old_paths, new_paths = self.pg_paths(state, old), self.pg_paths(state, new)
@@ -738,7 +746,7 @@ class Devstack:
     def rejoin(self, *, timeout: float = DEFAULT_TIMEOUT) -> dict[str, Any]:
         """Make the node that is not the primary its synchronous standby again: rewind
         a detached former primary first; start a stopped standby."""
-        with self._locked():
+        with self._locked_existing():
             state = self._require_standby()
             primary, other = state.postgres
             if postgres.running_pid(self.pg_paths(state, primary)) is None:
