@@ -70,6 +70,10 @@ class KafkaSettings(BaseSettings):
     kafka_ssl_keyfile: str | None = None
 
     events_topic: str = "matcher.events"
+    # How long a producer waits for one broker's answer before it retries the request
+    # (after a metadata refresh: elsewhere, once the partition's leader moved). A broker
+    # that hangs (paused, partitioned away) then costs this, not a whole call's bound.
+    kafka_request_timeout_ms: int = Field(default=5000, ge=500, le=600_000)
 
     # Producers: who may send what, with which keys (see matcher.auth.registry).
     producers_file: Path | None = None

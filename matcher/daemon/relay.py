@@ -119,7 +119,9 @@ class Relay:
                     linger_ms=self._settings.relay_linger_ms,
                     # Room for a whole relay batch of one partition in one request.
                     max_batch_size=512 * 1024,
-                    request_timeout_ms=int(self._call_timeout_s * 1000),
+                    request_timeout_ms=min(
+                        self._settings.kafka_request_timeout_ms, int(self._call_timeout_s * 1000)
+                    ),
                 )
                 try:
                     await start_producer(producer, self._call_timeout_s)

@@ -34,7 +34,10 @@ class Forwarder:
         self._started = asyncio.Event()
 
     def _new_producer(self) -> AIOKafkaProducer:
-        timeout_ms = int(self._settings.ingress_produce_timeout_s * 1000)
+        timeout_ms = min(
+            self._settings.kafka_request_timeout_ms,
+            int(self._settings.ingress_produce_timeout_s * 1000),
+        )
         return AIOKafkaProducer(
             **self._settings.kafka_client_options(),
             enable_idempotence=True,
