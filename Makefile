@@ -60,10 +60,15 @@ test: lint chart-check ## Lint, check the chart, then every test against real Ka
 # The long campaign: the gate fuzzed with FUZZ_INPUTS inputs (and coverage-guided with
 # atheris), every crash point CRASH_ITERATIONS times under load, the fault tests
 # FAULT_ROUNDS times, the races and the stateful test with far more examples, the property
-# test at length, and the replay window after a 10-minute outage (tolerance 5 minutes).
+# test at length, the replay window after a 10-minute outage (tolerance 5 minutes), and
+# the cluster failover test CLUSTER_ROUNDS times.
 CRASH_ITERATIONS ?= 50
 FAULT_ROUNDS ?= 10
 FUZZ_INPUTS ?= 1000000
+# Rounds of the cluster failover test (each: four faults under load), and where their
+# measurements go (JSON lines).
+CLUSTER_ROUNDS ?= 10
+CLUSTER_REPORT ?= cluster-failover.jsonl
 campaign: install ## Long fuzz/crash/fault/race campaign (an hour or more; not part of `make test`).
 	$(BIN)/python -m tests.fuzzing.campaign --inputs $(FUZZ_INPUTS)
 	$(BIN)/python -m pip install --quiet atheris && \
@@ -80,6 +85,8 @@ campaign: install ## Long fuzz/crash/fault/race campaign (an hour or more; not p
 	  echo "fault round $$round"; \
 	  $(BIN)/pytest -q tests/integration/test_faults.py tests/integration/test_outage.py || exit 1; \
 	done
+	MATCHER_TEST_CLUSTER_ROUNDS=$(CLUSTER_ROUNDS) MATCHER_TEST_CLUSTER_REPORT=$(CLUSTER_REPORT) \
+	  $(BIN)/pytest -q -s tests/cluster/test_failover.py
 
 bench: install ## The full benchmark (about 15 minutes); the last line is the results JSON.
 	$(USE_ENV); $(BIN)/python -m bench.run
