@@ -13,6 +13,36 @@ import matplotlib.pyplot as plt
 
 THROUGHPUT = ["r_kafka", "r_pg", "r_pipe", "r_naive", "r_matcher", "r_dbos"]
 SCALE_OUT = ["r_matcher", "r_matcher_2_daemons", "r_matcher_3_daemons"]
+# On a private 3-broker cluster, topics of three replicas; null when it did not start.
+RF3 = ["r_kafka_rf3", "r_matcher_kafka_rf3"]
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    if len(values) < 2:
+        return ""
+    return f" ({format(min(values), fmt)} to {format(max(values), fmt)} over {len(values)} reps)"
+
+
+def _rf3_rows(results: dict[str, Any]) -> list[str]:
+    f, runs = results["figures"], results.get("runs", {})
+    rows = []
+    for name in RF3:
+        if name not in f:
+            continue  # results from before the cluster was measured
+        value = f[name]
+        shown = (
+            "not measured (see the notes)"
+            if value is None
+            else f"{value:,.0f} events/s{_spread(runs.get(name, []), ',.0f')}"
+        )
+        rows.append(f"| {name} | {shown} |")
+    return rows
+
+
+def _ratio_row(results: dict[str, Any], name: str, value: float | None) -> str:
+    if value is None:
+        return f"| {name} | not measured (see the notes) |"
+    return f"| {name} | {value:.2f}{_spread(results.get('ratio_runs', {}).get(name, []), '.2f')} |"
 
 
 def _markdown(results: dict[str, Any]) -> str:
@@ -22,6 +52,7 @@ def _markdown(results: dict[str, Any]) -> str:
         "|---|---|",
         *(f"| {name} | {f[name]:,.0f} events/s |" for name in THROUGHPUT),
         *(f"| {name} | {f[name]:,.0f} events/s |" for name in SCALE_OUT[1:] if name in f),
+        *_rf3_rows(results),
     ]
     for key in sorted(k for k in f if k.startswith("latency_") and isinstance(f[k], float)):
         lines.append(f"| {key} | {f[key]:.1f} ms |")
@@ -30,22 +61,29 @@ def _markdown(results: dict[str, Any]) -> str:
         lines.append(f"| {key} | {f[key]:,.1f} {unit} |")
     lines.append(f"| daemon peak RSS | {f['rss_peak_bytes'] / 2**20:.0f} MiB |")
     lines += ["", "| ratio | value |", "|---|---|"]
-    lines += [f"| {k} | {v:.2f} |" for k, v in r.items()]
+    lines += [_ratio_row(results, k, v) for k, v in r.items()]
     lines += ["", "| target | met |", "|---|---|"]
     lines += [f"| {k} | {'yes' if v else 'NO'} |" for k, v in results["targets"].items()]
+    if results.get("notes"):
+        lines += ["", "Notes:", ""]
+        lines += [f"- {note}" for note in results["notes"]]
     return "\n".join(lines) + "\n"
 
 
 def _plot(results: dict[str, Any], path: Path) -> None:
     f = results["figures"]
     fig, (bars, cdf, scale) = plt.subplots(1, 3, figsize=(16, 4.8))
-    names = THROUGHPUT + [n for n in SCALE_OUT[1:] if n in f]
-    colours = ["#888"] * 4 + ["#2a7"] + ["#c55"] + ["#6b9"] * (len(names) - len(THROUGHPUT))
-    bars.bar(
-        [n.replace("r_matcher_", "matcher x").replace("_daemons", "") for n in names],
-        [f[n] for n in names],
-        color=colours,
-    )
+    scale_out = [n for n in SCALE_OUT[1:] if n in f]
+    rf3 = [n for n in RF3 if f.get(n) is not None]
+    names = THROUGHPUT + scale_out + rf3
+    colours = ["#888"] * 4 + ["#2a7"] + ["#c55"] + ["#6b9"] * len(scale_out) + ["#57b"] * len(rf3)
+    labels = [
+        n.replace("r_matcher_kafka_rf3", "matcher rf3")
+        .replace("r_matcher_", "matcher x")
+        .replace("_daemons", "")
+        for n in names
+    ]
+    bars.bar(labels, [f[n] for n in names], color=colours)
     bars.set_ylabel("events/s (median)")
     bars.set_title("throughput")
     bars.tick_params(axis="x", rotation=30)
