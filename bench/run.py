@@ -6,6 +6,10 @@ Uses the services named by MATCHER_KAFKA_BOOTSTRAP_SERVERS and MATCHER_DATABASE_
 Makefile points them at the devstack). Every figure is the median of --reps repetitions
 after a warm-up; the same signed events (size, partitions) and the same schema serve all.
 The last line printed is the path of the JSON results.
+
+The full and quick runs also measure the daemon on a private 3-broker cluster (topics of
+three replicas, min.insync.replicas 2) started after the single-broker throughput figures
+and purged right after its own; Postgres stays the single server named above.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import os
@@ -23,7 +28,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,6 +43,7 @@ from psycopg.types.json import Jsonb
 from rich.console import Console
 from rich.progress import Progress
 
+from bench.cluster import ClusterUnavailable, private_cluster, replication
 from matcher.auth.gate import read
 from matcher.auth.policy import Policy
 from matcher.domain.events import CompletionEvent as CloudEventIn
@@ -64,9 +70,18 @@ class Plan:
     latency_s: float
     scale: list[int]
     dbos_n: int
+    rf3: bool = True  # r_matcher on a 3-broker cluster too (a minute of JVM start-up)
+
+    def steps(self) -> int:
+        """The progress bar's steps: one per throughput repetition, latency rate and
+        scale measurement; the cluster's start and each of its repetitions."""
+        rf3 = 1 + self.reps if self.rf3 else 0
+        return self.reps + rf3 + len(self.rates) + 2 * len(self.scale)
 
 
-SMOKE = Plan(n=300, naive_n=60, reps=1, rates=[200], latency_s=1, scale=[0, 2000], dbos_n=30)
+SMOKE = Plan(
+    n=300, naive_n=60, reps=1, rates=[200], latency_s=1, scale=[0, 2000], dbos_n=30, rf3=False
+)
 QUICK = Plan(
     n=4000, naive_n=500, reps=3, rates=[500, 2000], latency_s=3, scale=[0, 100_000], dbos_n=300
 )
@@ -82,8 +97,11 @@ class Results:
     machine: dict[str, Any]
     runs: dict[str, list[float]] = field(default_factory=dict)
     figures: dict[str, Any] = field(default_factory=dict)
-    ratios: dict[str, float] = field(default_factory=dict)
+    ratios: dict[str, float | None] = field(default_factory=dict)
     targets: dict[str, bool] = field(default_factory=dict)
+    # Per repetition, paired by index: the spread of the ratios of two measured figures.
+    ratio_runs: dict[str, list[float]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
 class Env:
@@ -125,6 +143,18 @@ class Env:
         )
         self.databases.append(name)
         return self.url(name)
+
+    @contextlib.contextmanager
+    def kafka_at(self, bootstrap: str) -> Iterator[None]:
+        """Inside the block, topics, producers, consumers and daemons use the Kafka at
+        ``bootstrap``; the databases stay this Postgres's. The topics made there are left
+        to that Kafka's owner (the private cluster is purged with them)."""
+        kafka, topics = self.kafka, self.topics
+        self.kafka, self.topics = bootstrap, []
+        try:
+            yield
+        finally:
+            self.kafka, self.topics = kafka, topics
 
     async def cleanup(self) -> None:
         await delete_topics({"bootstrap_servers": self.kafka}, self.topics)
@@ -602,6 +632,50 @@ async def _measure_throughput(
         step(f"throughput, repetition {len(runs['r_kafka'])} of {plan.reps}")
 
 
+async def _measure_rf3(env: Env, plan: Plan, work: Workload, results: Results, step: Step) -> None:
+    """r_matcher and r_kafka again on a private 3-broker cluster, with the same events,
+    repetitions and method (a warm-up, then medians), as r_matcher_kafka_rf3 and
+    r_kafka_rf3: what Kafka's replication costs end to end. A cluster that does not start
+    leaves them null, with a note saying why; the run goes on."""
+    if not plan.rf3:
+        results.notes.append("r_matcher_kafka_rf3: not measured (this plan starts no cluster)")
+        return
+    started = time.monotonic()
+    progressed = 0
+    try:
+        with private_cluster() as bootstrap, env.kafka_at(bootstrap):
+            progressed += 1
+            step(f"3-broker cluster up in {time.monotonic() - started:.0f}s")
+            topic = await env.topic("events")
+            replicas, min_insync = await replication(bootstrap, topic, PARTITIONS)
+            await produce_all(env, topic, work.events)
+            await r_kafka(env, topic, plan.n)
+            await r_matcher(env, topic, work.events[: plan.n // 4])
+            for rep in range(plan.reps):
+                results.runs.setdefault("r_kafka_rf3", []).append(await r_kafka(env, topic, plan.n))
+                rate, _rss = await r_matcher(env, topic, work.events)
+                results.runs.setdefault("r_matcher_kafka_rf3", []).append(rate)
+                progressed += 1
+                step(f"3-broker cluster, repetition {rep + 1} of {plan.reps}")
+    except ClusterUnavailable as exc:
+        console.print(f"[yellow]no 3-broker cluster, its figures are null:[/] {exc}")
+        results.notes.append(
+            f"r_matcher_kafka_rf3: not measured, the 3-broker cluster did not start: {exc}"
+        )
+        for _ in range(1 + plan.reps - progressed):
+            step("3-broker cluster: not measured")
+        return
+    results.notes.append(
+        f"r_matcher_kafka_rf3, r_kafka_rf3: on a private cluster of {bootstrap.count(',') + 1}"
+        f" brokers and a dedicated controller on this machine, the topics with {replicas}"
+        f" replicas and min.insync.replicas={min_insync} (producers and the daemon use"
+        " acks=all); Postgres is the same single server (no standby) as for r_matcher, so"
+        " matcher_rf3_over_single isolates Kafka's replication. Measured after the"
+        " single-broker figures, not interleaved with them; the cluster's idle Postgres runs"
+        " beside it, unused."
+    )
+
+
 async def _measure_latency(
     env: Env, plan: Plan, runs: dict[str, list[float]], samples: dict[str, list[float]], step: Step
 ) -> None:
@@ -635,9 +709,14 @@ async def _measure_scale(
         step(f"scale {rows:,}: latency")
 
 
+RF3_FIGURES = ("r_matcher_kafka_rf3", "r_kafka_rf3")
+
+
 def _figures(runs: dict[str, list[float]], samples: dict[str, list[float]]) -> dict[str, Any]:
     figures: dict[str, Any] = {k: _median(v) for k, v in runs.items()}
     figures["rss_peak_bytes"] = max(runs["rss_bytes"])
+    for name in RF3_FIGURES:  # null when the cluster was not measured
+        figures.setdefault(name, None)
     figures["latency_samples_ms"] = samples
     return figures
 
@@ -656,6 +735,19 @@ def _ratios(plan: Plan, figures: dict[str, Any]) -> dict[str, float]:
             figures[f"scale_{biggest}_r_matcher"] / figures["scale_0_r_matcher"]
         ),
     }
+
+
+def _rf3_ratio(figures: dict[str, Any]) -> float | None:
+    """r_matcher on the 3-broker cluster over r_matcher on the single broker (medians)."""
+    rf3 = figures["r_matcher_kafka_rf3"]
+    return None if rf3 is None else float(rf3 / figures["r_matcher"])
+
+
+def _ratio_runs(runs: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Each repetition's ratio, the n-th cluster figure over the n-th single-broker one."""
+    pairs = zip(runs.get("r_matcher_kafka_rf3", []), runs["r_matcher"], strict=False)
+    rf3 = [cluster / single for cluster, single in pairs]
+    return {"matcher_rf3_over_single": rf3} if rf3 else {}
 
 
 def _targets(plan: Plan, figures: dict[str, Any], ratios: dict[str, float]) -> dict[str, bool]:
@@ -678,23 +770,25 @@ async def run(plan: Plan, out_dir: Path) -> Path:
     results = Results(plan=asdict(plan), machine=_machine())
     samples: dict[str, list[float]] = {}
     try:
-        steps = 6 + 2 + len(plan.scale) * 2
         with Progress(console=console, transient=False) as progress:
-            task = progress.add_task("benchmark", total=steps)
+            task = progress.add_task("benchmark", total=plan.steps())
 
             def step(text: str) -> None:
                 progress.update(task, advance=1, description=text)
 
             work = await _prepare_workload(env, plan)
             await _measure_throughput(env, plan, work, results.runs, step)
+            await _measure_rf3(env, plan, work, results, step)
             await _measure_latency(env, plan, results.runs, samples, step)
             await _measure_scale(env, plan, work, results.runs, step)
     finally:
         await env.cleanup()
 
     results.figures = _figures(results.runs, samples)
-    results.ratios = _ratios(plan, results.figures)
-    results.targets = _targets(plan, results.figures, results.ratios)
+    ratios = _ratios(plan, results.figures)
+    results.targets = _targets(plan, results.figures, ratios)
+    results.ratios = {**ratios, "matcher_rf3_over_single": _rf3_ratio(results.figures)}
+    results.ratio_runs = _ratio_runs(results.runs)
     from bench.report import write_reports
 
     return write_reports(results.__dict__, out_dir)
