@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequen
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
+import httpx
 import psycopg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from cloudevents.core.bindings import kafka as ce_kafka
@@ -230,6 +231,60 @@ class DaemonProcess:
     def kill(self) -> None:
         self.process.kill()
         self.wait_exit()
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+
+class IngressProcess:
+    """``matcher ingress`` on a free port, its log read line by line (JSON)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.lines: list[str] = []
+        self.address: str | None = None
+        self._listening = threading.Event()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "matcher", "ingress", "--address", "127.0.0.1:0", "--json"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line)
+            if '"ingress listening"' in line:
+                self.address = json.loads(line)["address"]
+                self._listening.set()
+
+    def wait_listening(self, timeout: float = 30) -> str:
+        if not self._listening.wait(timeout) or self.address is None:
+            self.stop()
+            raise AssertionError("the ingress did not listen:\n" + self.output)
+        return self.address
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if httpx.get(f"{self.address}/readyz", timeout=5).status_code == 200:
+                return
+            time.sleep(0.1)
+        raise AssertionError("the ingress never became ready:\n" + self.output)
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait(10)
+        self._reader.join(5)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        return code
 
     @property
     def output(self) -> str:

@@ -33,7 +33,7 @@ from psycopg_pool import AsyncConnectionPool
 from matcher import metrics
 from matcher.config import Settings
 from matcher.daemon.faults import crash_point
-from matcher.kafka.bounded import start_producer, stop_producer
+from matcher.kafka.bounded import acknowledged, start_producer, stop_producer
 from matcher.store import outbox
 from matcher.store.outbox import Claimed
 
@@ -102,6 +102,10 @@ class Relay:
         self._call_timeout_s = (
             settings.relay_call_timeout_s if call_timeout_s is None else call_timeout_s
         )
+        # One request's wait for a broker (within a call): a hung broker costs this.
+        self._request_timeout_s = min(
+            settings.kafka_request_timeout_ms / 1000, self._call_timeout_s
+        )
         self.published = 0
         self.producers_started = 0  # one more each time a producer is (re)built
 
@@ -119,9 +123,7 @@ class Relay:
                     linger_ms=self._settings.relay_linger_ms,
                     # Room for a whole relay batch of one partition in one request.
                     max_batch_size=512 * 1024,
-                    request_timeout_ms=min(
-                        self._settings.kafka_request_timeout_ms, int(self._call_timeout_s * 1000)
-                    ),
+                    request_timeout_ms=int(self._request_timeout_s * 1000),
                 )
                 try:
                     await start_producer(producer, self._call_timeout_s)
@@ -189,7 +191,13 @@ class Relay:
             crash_point("relay.before_publish")
             # Bounded: a TimeoutError rolls the claim back, and run() rebuilds the producer.
             async with asyncio.timeout(self._call_timeout_s):
-                await asyncio.gather(*await _send_in_batches(producer, topic, rows))
+                sends = await _send_in_batches(producer, topic, rows)
+                await acknowledged(
+                    producer,
+                    sends,
+                    timeout_s=self._call_timeout_s,
+                    refresh_every_s=self._request_timeout_s,
+                )
             crash_point("relay.after_publish")
             await outbox.mark_published(cur, rows)
         self.published += len(rows)

@@ -16,7 +16,7 @@ from aiokafka.errors import KafkaError
 
 from matcher.config import IngressSettings
 from matcher.ingress.metrics import PRODUCE_ERRORS
-from matcher.kafka.bounded import start_producer, stop_producer
+from matcher.kafka.bounded import acknowledged, start_producer, stop_producer
 
 log = logging.getLogger("matcher.ingress")
 
@@ -33,11 +33,14 @@ class Forwarder:
         self._producer: AIOKafkaProducer | None = None
         self._started = asyncio.Event()
 
-    def _new_producer(self) -> AIOKafkaProducer:
-        timeout_ms = min(
+    def _request_timeout_ms(self) -> int:
+        return min(
             self._settings.kafka_request_timeout_ms,
             int(self._settings.ingress_produce_timeout_s * 1000),
         )
+
+    def _new_producer(self) -> AIOKafkaProducer:
+        timeout_ms = self._request_timeout_ms()
         return AIOKafkaProducer(
             **self._settings.kafka_client_options(),
             enable_idempotence=True,
@@ -89,7 +92,12 @@ class Forwarder:
                 future = await producer.send(
                     self._settings.events_topic, value, key=key, headers=list(headers)
                 )
-                metadata = await future
+                (metadata,) = await acknowledged(
+                    producer,
+                    [future],
+                    timeout_s=self._settings.ingress_produce_timeout_s,
+                    refresh_every_s=self._request_timeout_ms() / 1000,
+                )
         except (KafkaError, OSError, TimeoutError) as exc:
             PRODUCE_ERRORS.inc()
             log.warning(

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Iterable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -40,6 +41,36 @@ async def start_producer(producer: AIOKafkaProducer, timeout_s: float) -> None:
     except BaseException:
         await stop_producer(producer, timeout_s)
         raise
+
+
+async def acknowledged(
+    producer: AIOKafkaProducer,
+    sends: Iterable[Awaitable[Any]],
+    *,
+    timeout_s: float,
+    refresh_every_s: float,
+) -> list[Any]:
+    """Every send's acknowledgement, within ``timeout_s`` (TimeoutError past it).
+
+    aiokafka retries a produce request that timed out on the node it last knew as the
+    leader, and refreshes its metadata only on errors that say the metadata is stale: a
+    broker that hangs (paused, cut off) with its connections open would keep every retry
+    until it comes back, long after the controller moved its partitions elsewhere. So
+    while acknowledgements are outstanding the metadata is refreshed every
+    ``refresh_every_s`` (the request timeout), and the retries find the new leaders.
+    """
+    pending = [asyncio.ensure_future(send) for send in sends]
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                _, waiting = await asyncio.wait(pending, timeout=refresh_every_s)
+                if not waiting:
+                    return [future.result() for future in pending]
+                producer.client.force_metadata_update()
+    finally:
+        for future in pending:
+            if not future.done():
+                future.cancel()
 
 
 async def start_consumer(consumer: AIOKafkaConsumer, timeout_s: float) -> None:

@@ -2,15 +2,17 @@
 ``min.insync.replicas`` 2) and a Postgres primary with a synchronous standby, under load,
 while the distributed parts fail the way distributed parts do.
 
-One round: two daemons, thousands of waits (some registered after their event, some
-with deadlines racing their event), events arriving all along; meanwhile, one after
-another, the broker leading most partitions is killed (and restarted), the broker that
-coordinates the daemons' group is killed (and restarted), a broker is paused for 20 s, and
-the Postgres primary is killed and its standby promoted. Then: every wait resolved exactly
-once, every acknowledged event stored once, every run advanced once through ``advance``,
-every resume naming the event the wait consumed. Measured per fault: the time to the first
-resume of an event sent after the fault (the observed RTO) and the longest silence of the
-resume topic after it; also duplicate resumes.
+One round: two daemons, thousands of waits (some registered after their event, some with
+deadlines racing their event), signed events arriving all along, and webhooks posted to a
+``matcher ingress`` in front of the cluster (each retried until its 202); meanwhile, one
+after another, the broker leading most partitions is killed (and restarted), the broker
+that coordinates the daemons' group is killed (and restarted), a broker is paused for
+20 s, and the Postgres primary is killed and its standby promoted. Then: every wait
+resolved exactly once, every acknowledged event and every webhook answered 202 stored
+once, every run advanced once through ``advance``, every resume naming the event the wait
+consumed. Measured per fault: the time to the first resume of an event sent after the
+fault (the observed RTO) and the longest silence of the resume topic after it; also
+duplicate resumes.
 
 ``MATCHER_TEST_CLUSTER_ROUNDS`` rounds (1 in ``make test``; ``make campaign`` runs more);
 ``MATCHER_TEST_CLUSTER_REPORT`` names a file the measurements are appended to as JSON lines.
@@ -34,10 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
+from matcher_producer.event import KafkaRecord
+from matcher_producer.signing import SigningKey, sign_record
 from psycopg import sql
 
 from matcher.config import Settings
@@ -45,14 +50,17 @@ from matcher.devstack.stack import Devstack
 from matcher.kafka.topics import prepare_topics
 from matcher.sdk import parse_resume
 from matcher.store.migrate import migrate as apply_migrations
+from tests import webhook_senders as senders
 from tests.conftest import with_database
 from tests.helpers import (
     DaemonProcess,
+    IngressProcess,
     check_exactly_once,
     env_flag,
     event,
     process_env,
     register_waits,
+    rows,
     scalar,
     started,
     to_record,
@@ -63,6 +71,7 @@ pytestmark = pytest.mark.timeout(1800)
 ROUNDS = env_flag("MATCHER_TEST_CLUSTER_ROUNDS", 1)
 WAITS = env_flag("MATCHER_TEST_CLUSTER_WAITS", 3000)
 RATE = env_flag("MATCHER_TEST_CLUSTER_RATE", 30)  # events per second while faults happen
+WEBHOOKS = env_flag("MATCHER_TEST_CLUSTER_WEBHOOKS", 300)  # posted at about 5/s
 PAUSE_S = 20
 
 
@@ -105,8 +114,26 @@ def cluster() -> Iterator[Cluster]:
         shutil.rmtree(home, ignore_errors=True)
 
 
+# The daemons authenticate every record: the load's CloudEvents (producer "billing") and
+# the webhooks the ingress forwards (producer "openai", Standard Webhooks).
+PRODUCERS = (
+    senders.PRODUCERS_TOML
+    + f"""
+[producers."billing"]
+tenants = ["acme"]
+types = ["job.completed"]
+[[producers."billing".keys]]
+id = "k1"
+hmac_secret = "{senders.STANDARD_SECRET}"
+"""
+)
+KEY = SigningKey.parse("k1", senders.STANDARD_SECRET)
+
+
 def _round_settings(stack: Cluster) -> Settings:
     suffix = uuid.uuid4().hex[:8]
+    producers = Path(tempfile.mkdtemp(prefix="matcher-failover-producers-")) / "producers.toml"
+    producers.write_text(PRODUCERS)
     database = f"round_{suffix}"
     with psycopg.connect(stack.database_url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
@@ -116,7 +143,8 @@ def _round_settings(stack: Cluster) -> Settings:
         events_topic=f"cluster.{suffix}.events",
         resume_topic=f"cluster.{suffix}.resumes",
         consumer_group=f"cluster.{suffix}",
-        allow_unsigned=True,
+        producers_file=producers,
+        allow_unsigned=False,
         ingest_poll_timeout_ms=50,
         relay_poll_interval_s=0.2,
         sweep_interval_s=0.1,
@@ -169,6 +197,8 @@ class Load:
                 futures = []
                 for e in events:
                     key, headers, value = to_record(e)
+                    signed = sign_record(KafkaRecord(key, headers, value), e.id, [KEY])
+                    headers = signed.headers
                     futures.append(
                         await producer.send(
                             self.settings.events_topic, value, key=key, headers=headers
@@ -185,6 +215,44 @@ class Load:
         del self.pending[: len(correlations)]
         async with self.progress:
             self.progress.notify_all()
+
+
+@dataclass
+class WebhookLoad:
+    """Webhooks posted to an ingress in front of the cluster all along, each retried (same
+    message id: a duplicate downstream at worst) until it gets its 202."""
+
+    address: str
+    pending: list[str]  # batch ids: the correlation ids of their waits
+    accepted: set[str] = field(default_factory=set)  # message ids answered 202
+    refused: dict[int, int] = field(default_factory=dict)  # status -> count
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def run(self) -> None:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as client:
+            while self.pending:
+                batch = self.pending[0]
+                body = senders.body_bytes(senders.openai_batch(batch))
+                headers = senders.standard_request(body, f"msg-{batch}")
+                status = await self._post(client, headers, body)
+                if status == 202:
+                    self.accepted.add(f"msg-{batch}")
+                    self.pending.pop(0)
+                else:
+                    self.refused[status] = self.refused.get(status, 0) + 1
+                if not self.done.is_set() or status != 202:
+                    await asyncio.sleep(0.2)  # the load's pace, and a 503's Retry-After
+
+    async def _post(self, client: httpx.AsyncClient, headers: senders.Headers, body: bytes) -> int:
+        try:
+            response = await client.post(
+                f"{self.address}/v1/webhooks/openai",
+                content=body,
+                headers=[(n.decode(), v.decode()) for n, v in headers],
+            )
+        except httpx.HTTPError:
+            return 0
+        return response.status_code
 
 
 @dataclass
@@ -330,36 +398,77 @@ async def _one_round(stack: Cluster) -> dict[str, Any]:
     racy = register_waits(settings, racing, prefix="r", deadline_s=WAITS / RATE / 2)
     early_ones = [f"early-{uuid.uuid4().hex[:10]}" for _ in range(early)]
     order = [*early_ones, *ordinary[: len(ordinary) // 2], *racy, *ordinary[len(ordinary) // 2 :]]
+    batches = await asyncio.to_thread(_register_batches, settings, WEBHOOKS)
     load = Load(settings, order)
     watch = ResumeWatch(settings)
-    async with _daemons(settings, 2):
+    async with _daemons(settings, 2), _ingress(settings) as address:
+        hooks = WebhookLoad(address, batches)
         watching = asyncio.create_task(watch.run())
         loading = asyncio.create_task(load.run())
+        posting = asyncio.create_task(hooks.run())
         await load.sent(early_ones)
         # Their events came first; the waits now meet them in the inbox.
         await asyncio.to_thread(_register_early, settings, early_ones)
         faults = await _faults(stack, settings, watch)
         faults[-1].window_end = time.monotonic() + 30
         load.done.set()
+        hooks.done.set()
         await asyncio.wait_for(loading, 600)
-        await _until_resolved(settings, WAITS)
+        await asyncio.wait_for(posting, 600)
+        await _until_resolved(settings, WAITS + WEBHOOKS)
         watch.stop.set()
         await asyncio.wait_for(watching, 60)
-    await check_exactly_once(settings, WAITS)
-    stored = scalar(settings, "SELECT count(*) FROM matcher.inbox")
-    lost = len(load.acked) - int(stored or 0)
+    await check_exactly_once(settings, WAITS + WEBHOOKS)
+    stored = {
+        (r["producer"], r["event_id"])
+        for r in rows(settings, "SELECT producer, event_id FROM matcher.inbox")
+    }
+    acknowledged = {("billing", e) for e in load.acked} | {("openai", m) for m in hooks.accepted}
+    lost = acknowledged - stored
     runs = [run for _, run in watch.arrivals]
     report = {
-        "waits": WAITS,
+        "waits": WAITS + WEBHOOKS,
         "events_acknowledged": len(load.acked),
-        "events_stored": stored,
-        "lost_acknowledged_events": lost,
+        "webhooks_acknowledged": len(hooks.accepted),
+        "webhooks_refused_by_status": hooks.refused,
+        "events_stored": len(stored),
+        "lost_acknowledged_events": len(lost),
         "duplicate_resumes": len(runs) - len(set(runs)),
         "producer_retries": load.failures,
         "faults": [_measure(f, load, watch) for f in faults],
     }
-    assert lost == 0, report
+    assert not lost, report
     return report
+
+
+def _register_batches(settings: Settings, count: int) -> list[str]:
+    from matcher.domain.waits import WaitSpec
+    from matcher.sdk import register_wait
+
+    batches = [f"batch_{uuid.uuid4().hex[:10]}" for _ in range(count)]
+    with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as conn:
+        for batch in batches:
+            register_wait(
+                conn,
+                WaitSpec(tenant="acme", run_id=f"run-{batch}", position=0,
+                         event_types=["batch.completed"], correlation_id=batch),
+            )  # fmt: skip
+    return batches
+
+
+@contextlib.asynccontextmanager
+async def _ingress(settings: Settings) -> AsyncIterator[str]:
+    env = process_env(settings, MATCHER_ALLOW_UNSIGNED="false")
+    env["MATCHER_PRODUCERS_FILE"] = str(settings.producers_file)
+    env.pop("MATCHER_DATABASE_URL")
+    ingress = IngressProcess(env)
+    try:
+        address = await asyncio.to_thread(ingress.wait_listening)
+        await asyncio.to_thread(ingress.wait_ready)
+        yield address
+    finally:
+        code = await asyncio.to_thread(ingress.stop)
+        assert code == 0, ingress.output[-5000:]
 
 
 def _register_early(settings: Settings, correlations: list[str]) -> None:

@@ -10,7 +10,8 @@ import pytest
 
 from matcher.config import Settings
 from tests import webhook_senders as senders
-from tests.integration.test_ingress import IngressProcess, _host_port, _ingress_env
+from tests.helpers import IngressProcess
+from tests.integration.test_ingress import _host_port, _ingress_env
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -108,3 +108,28 @@ async def test_stopping_clients_never_started_is_graceful_and_immediate() -> Non
     assert await stop_consumer(AIOKafkaConsumer(bootstrap_servers=address), 1.0) is True
     assert time.monotonic() - started < 0.5
     await _nothing_left_running()
+
+
+async def test_acknowledgements_refresh_the_metadata_while_they_are_outstanding() -> None:
+    import asyncio
+
+    from matcher.kafka.bounded import acknowledged
+
+    class Client:
+        refreshes = 0
+
+        def force_metadata_update(self) -> None:
+            Client.refreshes += 1
+
+    class Producer:
+        client = Client()
+
+    slow: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    asyncio.get_running_loop().call_later(0.35, slow.set_result, 7)
+    done = await acknowledged(Producer(), [slow], timeout_s=5, refresh_every_s=0.1)
+    assert done == [7]
+    assert Client.refreshes >= 2  # one per 0.1 s outstanding
+    never: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    with pytest.raises(TimeoutError):
+        await acknowledged(Producer(), [never], timeout_s=0.2, refresh_every_s=0.05)
+    assert never.cancelled()
