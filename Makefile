@@ -91,7 +91,7 @@ campaign: install ## Long fuzz/crash/fault/race campaign (an hour or more; not p
 bench: install ## The full benchmark (about 15 minutes); the last line is the results JSON.
 	$(USE_ENV); $(BIN)/python -m bench.run
 
-bench-quick: install ## The benchmark in under 3 minutes (fewer events, smaller scale).
+bench-quick: install ## The benchmark in about 4 minutes (fewer events, smaller scale).
 	$(USE_ENV); $(BIN)/python -m bench.run --quick
 
 schemas: install ## Regenerate schemas/ from the pydantic models (a test fails when they drift).
