@@ -133,3 +133,70 @@ def test_hot_query_uses_indexes(
         and table not in empty
     ]
     assert sequential == [], f"{module}.{name} scans {sequential} sequentially: {scans}"
+
+
+# The operator console's queries (matcher.store.console), on the same big tables.
+UUID1 = "00000000-0000-0000-0000-000000000001"
+PAGE = {"limit": 51, "offset": 0}
+WAITS_FILTERS = {"tenant": None, "state": None, "correlation_id": None, "job_id": None}
+CONSOLE = [
+    ("oldest_waiting", {"limit": 200}),
+    ("events_of_correlations", {"correlation_ids": ["c-1", "c-2"], "limit": 5000}),
+    ("quarantine_of_correlations", {"correlation_ids": ["c-1"], "limit": 5000}),
+    ("queued_keys", {"correlation_ids": ["c-1"]}),
+    ("quarantine_last_hour", {}),
+    ("waiting_oldest_first", {"tenant": None, **PAGE}),
+    ("waiting_newest_first", {"tenant": "t1", **PAGE}),
+    ("waits_by_run", {**WAITS_FILTERS, "run_id": "run-1", "newest": False, **PAGE}),
+    ("waits_by_correlation", {**WAITS_FILTERS, "correlation_id": "c-1", "newest": True, **PAGE}),
+    ("waits_by_job", {**WAITS_FILTERS, "job_id": "job-1", "newest": False, **PAGE}),
+    ("waits_by_ids", {"ids": [UUID1]}),
+    ("run_progress", {"tenant": "t1", "run_id": "run-1"}),
+    ("launches_of_run", {"tenant": "t1", "run_id": "run-1", "limit": 50}),
+    ("audit_of_launches", {"ids": [UUID1], "limit": 500}),
+    ("events_by_correlation_page", {"correlation_id": "c-1", "job_id": None, **PAGE}),
+    ("events_by_job_page", {"job_id": "job-1", **PAGE}),
+    ("events_pending_page", PAGE),
+    ("quarantine_page", {"reason": None, "producer": None, **PAGE}),
+    ("quarantine_page", {"reason": "malformed", "producer": "p", **PAGE}),
+    ("unreplayed_with_reason", {"reason": "malformed"}),
+]
+CONSOLE_TABLES = BIG_TABLES | {"quarantine", "launches", "launch_audit"}
+
+
+@pytest.fixture
+def big_console(big: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+    big.execute(
+        "INSERT INTO matcher.quarantine (received_at, kafka_topic, kafka_partition,"
+        " kafka_offset, reason, producer, correlation_id)"
+        " SELECT now() - make_interval(mins => g %% 5000), 'events', g %% 6, g,"
+        " CASE WHEN g %% 10 = 0 THEN 'malformed' ELSE 'bad_signature' END, 'p', 'c-' || g"
+        " FROM generate_series(1, %s) AS g",
+        [ROWS],
+    )
+    big.execute("VACUUM ANALYZE matcher.quarantine")
+    return big
+
+
+@pytest.mark.parametrize(
+    ("name", "params"), CONSOLE, ids=[f"console.{n}.{i}" for i, (n, _) in enumerate(CONSOLE)]
+)
+def test_console_query_uses_indexes(
+    big_console: psycopg.Connection[Any], name: str, params: Any
+) -> None:
+    scans = _explain(big_console, query("console", name), params)
+    empty = {
+        row[0]
+        for row in big_console.execute(
+            "SELECT relname FROM pg_class WHERE relnamespace = 'matcher'::regnamespace"
+            " AND relname ~ '^inbox_p' AND reltuples <= 0"
+        )
+    }
+    sequential = [
+        table
+        for node, table in scans
+        if node == "Seq Scan"
+        and re.sub(r"_p\d{8}$", "", table) in CONSOLE_TABLES
+        and table not in empty
+    ]
+    assert sequential == [], f"console.{name} scans {sequential} sequentially: {scans}"
