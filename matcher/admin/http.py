@@ -18,6 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel
 
 from matcher import __version__
+from matcher.admin import console
 from matcher.admin.explain import explain_run, explanation_body
 from matcher.admin.filters import (
     IDENT_PATTERN,
@@ -99,6 +100,8 @@ def create_app(state: AdminState) -> FastAPI:
     )
     app.include_router(_operations(state))
     app.include_router(_inspection(state, [Depends(_bearer_check(state.settings))]))
+    # The operator console (/console), behind the same admin token.
+    console.mount(app, state)
     _handle_database_errors(app)
     return app
 

@@ -1,0 +1,162 @@
+"""Who is asking: a console session (cookie), or the admin token as a bearer header (for
+curl); the sign-in and sign-out routes; CSRF on every POST."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import RedirectResponse
+
+from matcher.admin.console.render import BadRequest, html, url
+from matcher.admin.console.session import COOKIE, SESSION_S, Sessions, csrf_token
+
+MAX_FORM_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Visitor:
+    session: str | None  # None: the bearer header, which needs no CSRF token
+    new: bool = False  # a session issued now (the open console): the response sets it
+    secure: bool = False  # asked over https: the cookie is Secure
+
+    @property
+    def csrf(self) -> str:
+        return csrf_token(self.session) if self.session else ""
+
+
+class SignInRequired(Exception):
+    def __init__(self, next_path: str) -> None:
+        self.next_path = next_path
+
+
+class Forbidden(Exception):
+    pass
+
+
+def identify(sessions: Sessions, request: Request) -> Visitor | None:
+    authorization = request.headers.get("authorization", "")
+    if not sessions.open and authorization[:7].lower() == "bearer ":
+        return Visitor(None) if sessions.token_matches(authorization[7:].strip()) else None
+    cookie = request.cookies.get(COOKIE)
+    if cookie and sessions.valid(cookie):
+        return Visitor(cookie)
+    if sessions.open and request.method == "GET":
+        return Visitor(sessions.issue(), new=True, secure=request.url.scheme == "https")
+    return None
+
+
+def require(sessions: Sessions, request: Request) -> Visitor:
+    """The visitor of a GET, or a redirect to the sign-in page."""
+    visitor = identify(sessions, request)
+    if visitor is None:
+        here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        raise SignInRequired(here)
+    return visitor
+
+
+async def form(request: Request) -> dict[str, list[str]]:
+    """An urlencoded form body, bounded."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip()
+    if kind != "application/x-www-form-urlencoded":
+        raise BadRequest("the form must be sent as application/x-www-form-urlencoded")
+    body = await request.body()
+    if len(body) > MAX_FORM_BYTES:
+        raise BadRequest("the form is too large")
+    try:
+        return parse_qs(body.decode(), keep_blank_values=True, max_num_fields=1000)
+    except (UnicodeDecodeError, ValueError):
+        raise BadRequest("the form is not readable") from None
+
+
+async def require_post(
+    sessions: Sessions, request: Request
+) -> tuple[Visitor, dict[str, list[str]]]:
+    """The visitor of a POST and its form: a session with its CSRF token, or the bearer
+    header; anything else is 403."""
+    visitor = identify(sessions, request)
+    if visitor is None:
+        raise Forbidden
+    try:
+        fields = await form(request)
+    except BadRequest:
+        if visitor.session is not None:
+            raise Forbidden from None  # no readable CSRF token
+        raise
+    if visitor.session is not None and not sessions.csrf_ok(visitor.session, first(fields, "csrf")):
+        raise Forbidden
+    return visitor, fields
+
+
+def first(fields: dict[str, list[str]], name: str) -> str | None:
+    values = fields.get(name)
+    return values[0] if values else None
+
+
+def safe_next(value: str | None) -> str:
+    """Where to go after signing in: a console path, never another site."""
+    if not value or "\\" in value or any(ord(c) < 0x20 for c in value):
+        return "/console"
+    parts = urlsplit(value)
+    if parts.scheme or parts.netloc or value.startswith("//"):
+        return "/console"
+    if parts.path != "/console" and not parts.path.startswith("/console/"):
+        return "/console"
+    return value
+
+
+def set_session(response: Response, secure: bool, session: str) -> None:
+    response.set_cookie(
+        COOKIE,
+        session,
+        max_age=SESSION_S,
+        path="/console",
+        httponly=True,
+        samesite="strict",
+        secure=secure,
+    )
+
+
+def _sign_in_form(next_path: str, error: str | None, status: int) -> Response:
+    return html(
+        "sign_in.html", {"next": next_path, "error": error, "csrf": "", "signed_in": False}, status
+    )
+
+
+def routes(sessions: Sessions) -> APIRouter:
+    router = APIRouter(include_in_schema=False)
+
+    @router.get("/console/sign-in")
+    async def sign_in_page(request: Request) -> Response:
+        if sessions.open:
+            return RedirectResponse("/console", 303)
+        return _sign_in_form(safe_next(request.query_params.get("next")), None, 200)
+
+    @router.post("/console/sign-in")
+    async def sign_in(request: Request) -> Response:
+        fields = await form(request)
+        next_path = safe_next(first(fields, "next"))
+        if sessions.open:
+            return RedirectResponse(next_path, 303)
+        if not sessions.token_matches(first(fields, "token") or ""):
+            return _sign_in_form(next_path, "That token is not valid.", 401)
+        response = RedirectResponse(next_path, 303)
+        # uvicorn takes the scheme from X-Forwarded-Proto only from a proxy it trusts
+        # (FORWARDED_ALLOW_IPS, by default 127.0.0.1), so a client cannot claim https.
+        set_session(response, request.url.scheme == "https", sessions.issue())
+        return response
+
+    @router.post("/console/sign-out")
+    async def sign_out(request: Request) -> Response:
+        await require_post(sessions, request)
+        response = RedirectResponse(url("/console/sign-in"), 303)
+        response.delete_cookie(COOKIE, path="/console", httponly=True, samesite="strict")
+        return response
+
+    return router
+
+
+def context(visitor: Visitor, **values: Any) -> dict[str, Any]:
+    return {"csrf": visitor.csrf, "signed_in": visitor.session is not None, **values}

@@ -1,0 +1,298 @@
+"""The operator console (/console) of a running daemon: sign-in, sessions and CSRF, the
+security headers, pages over real data, escaping of hostile text, and replay."""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import markupsafe
+import psycopg
+import pytest
+
+from matcher.config import Settings
+from matcher.domain.waits import WaitSpec
+from matcher.kafka.topics import ensure_topics
+from matcher.sdk import register_wait
+from tests.conftest import Services, _create_db, _drop_db, with_database
+from tests.helpers import DaemonProcess, event, process_env, produce, produce_raw, scalar
+
+TOKEN = "console-token-for-tests"
+PAYLOAD = '"><img src=x onerror=alert(1)><script>alert(1)</script>'
+CSP = (
+    "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
+    "frame-ancestors 'none'; base-uri 'none'"
+)
+
+
+@dataclass
+class Console:
+    url: str
+    settings: Settings
+
+
+def _address(daemon: DaemonProcess) -> str:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        found = re.search(r"admin API listening address=(http://\S+)", daemon.output)
+        if found:
+            return found.group(1)
+        time.sleep(0.05)
+    raise AssertionError("no admin address in the log:\n" + daemon.output)
+
+
+def _until(check: object, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not {what} within {timeout}s")
+        time.sleep(0.05)
+
+
+def _seed(settings: Settings) -> None:
+    with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as conn:
+        for run, correlation in [("run-mismatch", "c-mismatch"), ("run-xss", "c-xss")]:
+            register_wait(
+                conn,
+                WaitSpec(
+                    tenant="acme",
+                    run_id=run,
+                    position=0,
+                    event_types=["job.completed"],
+                    correlation_id=correlation,
+                ),
+            )
+    bad_headers = [("ce_id", PAYLOAD.encode()), ("x-evil", PAYLOAD.encode())]
+    asyncio.run(
+        produce(
+            settings,
+            [
+                event(tenant="globex", correlation="c-mismatch"),
+                event(correlation="c-xss", type_="job.progress", data={"note": PAYLOAD}),
+            ],
+        )
+    )
+    asyncio.run(
+        produce_raw(
+            settings,
+            [
+                (b"k", bad_headers, b"{not json " + PAYLOAD.encode()),
+                (b"k", [("ce_id", b"bin")], b"\xff\xfe\x00binary"),
+            ],
+        )
+    )
+    _until(lambda: scalar(settings, "SELECT count(*) FROM matcher.inbox") == 2, "stored")
+    _until(lambda: scalar(settings, "SELECT count(*) FROM matcher.quarantine") == 2, "kept")
+
+
+@pytest.fixture(scope="module")
+def console(services: Services, template_db: str) -> Iterator[Console]:
+    name = f"matcher_t_{uuid.uuid4().hex[:12]}"
+    _create_db(services, name, template=template_db)
+    suffix = uuid.uuid4().hex[:10]
+    settings = Settings(
+        kafka_bootstrap_servers=services.kafka_bootstrap_servers,
+        database_url=with_database(services.database_url, name),
+        events_topic=f"test.{suffix}.events",
+        resume_topic=f"test.{suffix}.resumes",
+        consumer_group=f"test.{suffix}",
+        allow_unsigned=True,
+        admin_address="127.0.0.1:0",
+        admin_token=TOKEN,
+        ingest_poll_timeout_ms=50,
+        relay_poll_interval_s=0.2,
+    )
+    asyncio.run(
+        ensure_topics(
+            settings.kafka_client_options(),
+            [settings.events_topic, settings.resume_topic],
+            partitions=settings.topic_partitions,
+        )
+    )
+    daemon = DaemonProcess(process_env(settings, MATCHER_ADMIN_TOKEN=TOKEN))
+    daemon.wait_ready()
+    try:
+        _seed(settings)
+        yield Console(_address(daemon), settings)
+    finally:
+        assert daemon.terminate() == 0, daemon.output
+        _drop_db(services, name)
+
+
+def _csrf(page: str) -> str:
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+    assert found, page
+    return found.group(1)
+
+
+@pytest.fixture
+def signed_in(console: Console) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=console.url, timeout=30) as http:
+        answer = http.post("/console/sign-in", data={"token": TOKEN, "next": "/console/runs"})
+        assert answer.status_code == 303
+        assert answer.headers["location"] == "/console/runs"
+        yield http
+
+
+def test_sign_in_sets_a_strict_http_only_cookie(console: Console) -> None:
+    with httpx.Client(base_url=console.url, timeout=30) as http:
+        form = http.get("/console/sign-in", params={"next": "/console/events"})
+        assert form.status_code == 200
+        assert '<label for="token">Admin token</label>' in form.text
+        assert 'name="next" value="/console/events"' in form.text
+        wrong = http.post("/console/sign-in", data={"token": "nope", "next": "/console"})
+        assert wrong.status_code == 401
+        assert "That token is not valid." in wrong.text
+        assert "set-cookie" not in wrong.headers
+        right = http.post("/console/sign-in", data={"token": TOKEN, "next": "/console/events"})
+        assert right.status_code == 303
+        assert right.headers["location"] == "/console/events"
+        cookie = right.headers["set-cookie"]
+        assert cookie.startswith("matcher_console=")
+        assert "HttpOnly" in cookie
+        assert "SameSite=strict" in cookie or "SameSite=Strict" in cookie
+        assert "Secure" not in cookie  # plain http here
+        assert http.get("/console/events").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "target", ["https://evil.example/", "//evil.example/console", "/v1/waits", "/\\evil.example"]
+)
+def test_next_never_leaves_the_console(console: Console, target: str) -> None:
+    with httpx.Client(base_url=console.url, timeout=30) as http:
+        answer = http.post("/console/sign-in", data={"token": TOKEN, "next": target})
+        assert answer.status_code == 303
+        assert answer.headers["location"] == "/console"
+
+
+def test_unauthenticated_requests_are_redirected_or_refused(console: Console) -> None:
+    with httpx.Client(base_url=console.url, timeout=30) as http:
+        answer = http.get("/console/runs", params={"state": "waiting"})
+        assert answer.status_code == 303
+        assert (
+            answer.headers["location"]
+            == "/console/sign-in?next=%2Fconsole%2Fruns%3Fstate%3Dwaiting"
+        )
+        assert answer.headers["content-security-policy"] == CSP
+        assert http.post("/console/quarantine/replay", data={"ids": "1"}).status_code == 403
+        http.cookies.set("matcher_console", "9999999999.x.deadbeef")
+        assert http.get("/console").status_code == 303
+        http.cookies.clear()
+        # The bearer header works for the console too (curl).
+        bearer = http.get("/console", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert bearer.status_code == 200
+        assert http.get("/v1/waits", headers={"Authorization": f"Bearer {TOKEN}"}).is_success
+
+
+def test_csrf_is_required(signed_in: httpx.Client) -> None:
+    assert signed_in.post("/console/quarantine/replay", data={"ids": "1"}).status_code == 403
+    wrong = {"ids": "1", "csrf": "0" * 64}
+    assert signed_in.post("/console/quarantine/replay", data=wrong).status_code == 403
+    assert signed_in.post("/console/sign-out", data={}).status_code == 403
+    page = signed_in.get("/console/quarantine").text
+    out = signed_in.post("/console/sign-out", data={"csrf": _csrf(page)})
+    assert out.status_code == 303
+    assert out.headers["location"] == "/console/sign-in"
+    signed_in.cookies.clear()
+    assert signed_in.get("/console").status_code == 303
+
+
+def test_headers_and_overview(signed_in: httpx.Client) -> None:
+    page = signed_in.get("/console")
+    assert page.status_code == 200
+    assert page.headers["content-security-policy"] == CSP
+    assert page.headers["x-content-type-options"] == "nosniff"
+    assert page.headers["referrer-policy"] == "no-referrer"
+    assert page.headers["cache-control"] == "no-store"
+    assert "<script" not in page.text
+    assert '<nav aria-label="Console">' in page.text
+    assert '<main id="content">' in page.text
+    for verdict in ("missing_signal", "mismatch", "backlog", "waiting"):
+        assert f'id="verdict-{verdict}"' in page.text
+    mismatch = re.search(
+        r'id="verdict-mismatch" href="([^"]+)"><span class="figure">(\d+)', page.text
+    )
+    assert mismatch, page.text
+    assert mismatch.group(1) == "/console/runs?verdict=mismatch"
+    assert int(mismatch.group(2)) == 2  # other tenant, other type
+    assert 'href="/console/quarantine?reason=malformed"' in page.text
+    listed = signed_in.get("/console/runs", params={"verdict": "mismatch"})
+    assert "run-mismatch" in listed.text
+    assert "run-xss" in listed.text
+    css = signed_in.get("/console/static/console.css")
+    assert css.headers["content-type"].startswith("text/css")
+
+
+def test_a_run_with_a_mismatched_tenant_shows_mismatch(signed_in: httpx.Client) -> None:
+    page = signed_in.get("/console/runs/run-mismatch", params={"tenant": "acme"})
+    assert page.status_code == 200
+    verdict = page.text.split('<section id="verdict"', 1)[1].split("</section>", 1)[0]
+    assert ">mismatch<" in verdict
+    assert "tenant &#39;globex&#39;" in verdict
+    assert "mismatched_tenant" in page.text
+    assert "registered" in page.text
+    missing = signed_in.get("/console/runs/no-such-run")
+    assert missing.status_code == 404
+    assert missing.headers["content-security-policy"] == CSP
+
+
+def test_hostile_text_is_escaped(signed_in: httpx.Client) -> None:
+    escaped = str(markupsafe.escape(PAYLOAD))
+    for path in (
+        "/console/events?correlation_id=c-xss",
+        "/console/quarantine",
+        "/console/runs/run-xss",
+    ):
+        page = signed_in.get(path)
+        assert page.status_code == 200, path
+        assert PAYLOAD not in page.text, path
+        assert "<img" not in page.text, path
+        assert "<script" not in page.text, path
+    quarantine = signed_in.get("/console/quarantine").text
+    assert escaped in quarantine
+    assert "ff fe 00" in quarantine  # the binary value, as hex
+    events = signed_in.get("/console/events", params={"correlation_id": "c-xss"}).text
+    assert str(markupsafe.escape(PAYLOAD.replace('"', '\\"'))) in events
+    # A link built from hostile text stays one encoded parameter.
+    runs = signed_in.get("/console/runs", params={"tenant": PAYLOAD}).text
+    assert PAYLOAD not in runs
+
+
+def test_pagination_is_bounded(signed_in: httpx.Client) -> None:
+    page = signed_in.get("/console/quarantine", params={"limit": 100000})
+    assert page.status_code == 200
+    one = signed_in.get("/console/quarantine", params={"limit": 1})
+    assert one.text.count('name="ids"') == 1
+    following = re.search(r'href="([^"]+)" rel="next">Next', one.text)
+    assert following, one.text
+    second = signed_in.get(html.unescape(following.group(1)))
+    assert second.text.count('name="ids"') == 1
+    assert 'rel="prev">Previous' in second.text
+    assert signed_in.get("/console/runs", params={"limit": "lots"}).status_code == 400
+    assert signed_in.get("/console/runs", params={"state": "bogus"}).status_code == 400
+
+
+def test_replay_asks_then_reports(signed_in: httpx.Client, console: Console) -> None:
+    page = signed_in.get("/console/quarantine", params={"reason": "malformed"}).text
+    ids = re.findall(r'name="ids" value="(\d+)"', page)
+    assert ids
+    csrf = _csrf(page)
+    ask = signed_in.post("/console/quarantine/replay", data={"csrf": csrf, "ids": ids})
+    assert ask.status_code == 200
+    assert f"Replay {len(ids)} records?" in ask.text
+    assert 'name="confirm" value="yes"' in ask.text
+    before = scalar(console.settings, "SELECT count(*) FROM matcher.quarantine")
+    done = signed_in.post(
+        "/console/quarantine/replay", data={"csrf": csrf, "ids": ids, "confirm": "yes"}
+    )
+    assert done.status_code == 200
+    for record in ids:
+        assert f'id="outcome-{record}"' in done.text
+    assert "still rejected: malformed" in done.text
+    assert scalar(console.settings, "SELECT count(*) FROM matcher.quarantine") == before
