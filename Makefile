@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed-stamp
 USE_ENV := if [ -z "$${MATCHER_KAFKA_BOOTSTRAP_SERVERS:-}" ] || [ -z "$${MATCHER_DATABASE_URL:-}" ]; then \
 	$(BIN)/matcher devstack up && eval "$$($(BIN)/matcher devstack env)"; fi
 
-.PHONY: help install up down status migrate run lint test test-fast test-tools chart-check campaign bench bench-quick schemas schema-sql clean
+.PHONY: help install up down status migrate run lint test test-fast test-tools chart-check campaign bench bench-quick screenshots schemas schema-sql clean
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -52,9 +52,10 @@ lint: install ## Lint, format check, strict type check, import contracts.
 chart-check: ## Lint and render the Helm chart; check bad values are refused (builds helm once; needs Go).
 	scripts/check-chart
 
-# promtool is built (once) before pytest, so that the build's progress shows.
+# promtool is built and Chromium installed (once) before pytest, so that their progress shows.
 test: lint chart-check ## Lint, check the chart, then every test against real Kafka and Postgres.
 	scripts/install-promtool >/dev/null
+	scripts/install-chromium >/dev/null
 	$(USE_ENV); $(BIN)/pytest
 
 # The long campaign: the gate fuzzed with FUZZ_INPUTS inputs (and coverage-guided with
@@ -93,6 +94,10 @@ bench: install ## The full benchmark (about 15 minutes); the last line is the re
 
 bench-quick: install ## The benchmark in about 4 minutes (fewer events, smaller scale).
 	$(USE_ENV); $(BIN)/python -m bench.run --quick
+
+screenshots: install ## Remake the README's console screenshots (docs/*.png) with the browser tests.
+	scripts/install-chromium >/dev/null
+	$(USE_ENV); MATCHER_TEST_SCREENSHOTS_DIR=docs $(BIN)/pytest -q tests/browser
 
 schemas: install ## Regenerate schemas/ from the pydantic models (a test fails when they drift).
 	$(BIN)/python -m matcher.wire_schemas schemas
