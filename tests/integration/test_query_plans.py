@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -11,17 +12,26 @@ from typing import Any
 import psycopg
 import pytest
 
-from matcher.config import Settings
 from matcher.store.sql import query
+from tests.conftest import Services, _create_db, _drop_db, with_database
 
 ROWS = 60_000
 
 
-@pytest.fixture
-def big(settings: Settings) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as conn:
-        _fill(conn)
-        yield conn
+@pytest.fixture(scope="module")
+def big(services: Services, template_db: str) -> Iterator[psycopg.Connection[Any]]:
+    """One database of big tables for the whole module: the plans are only EXPLAINed,
+    never run, so the tests cannot change what the next one sees (filling it once per
+    test cost over a minute)."""
+    name = f"matcher_t_{uuid.uuid4().hex[:12]}"
+    _create_db(services, name, template=template_db)
+    try:
+        url = with_database(services.database_url, name)
+        with psycopg.connect(url, autocommit=True) as conn:
+            _fill(conn)
+            yield conn
+    finally:
+        _drop_db(services, name)
 
 
 def _fill(conn: psycopg.Connection[Any]) -> None:
@@ -164,7 +174,7 @@ CONSOLE = [
 CONSOLE_TABLES = BIG_TABLES | {"quarantine", "launches", "launch_audit"}
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def big_console(big: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
     big.execute(
         "INSERT INTO matcher.quarantine (received_at, kafka_topic, kafka_partition,"
