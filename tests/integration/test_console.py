@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import html
 import re
+import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -169,6 +170,23 @@ def test_next_never_leaves_the_console(console: Console, target: str) -> None:
         answer = http.post("/console/sign-in", data={"token": TOKEN, "next": target})
         assert answer.status_code == 303
         assert answer.headers["location"] == "/console"
+
+
+def test_a_sign_in_body_is_bounded_while_read(console: Console) -> None:
+    """The answer comes once the bound is passed, not after the whole body: a server that
+    buffered first would still be waiting for the rest of this one."""
+    host, port = console.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(
+            b"POST /console/sign-in HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/x-www-form-urlencoded\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        chunk = b"a" * 32768
+        for _ in range(4):  # 128 KiB of an endless body, then silence
+            conn.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        answer = conn.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:100]
 
 
 def test_unauthenticated_requests_are_redirected_or_refused(console: Console) -> None:

@@ -62,9 +62,17 @@ async def form(request: Request) -> dict[str, list[str]]:
     kind = request.headers.get("content-type", "").split(";")[0].strip()
     if kind != "application/x-www-form-urlencoded":
         raise BadRequest("the form must be sent as application/x-www-form-urlencoded")
-    body = await request.body()
-    if len(body) > MAX_FORM_BYTES:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_FORM_BYTES:
         raise BadRequest("the form is too large")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():  # counted while read: never buffered past the bound
+        size += len(chunk)
+        if size > MAX_FORM_BYTES:
+            raise BadRequest("the form is too large")
+        chunks.append(chunk)
+    body = b"".join(chunks)
     try:
         return parse_qs(body.decode(), keep_blank_values=True, max_num_fields=1000)
     except (UnicodeDecodeError, ValueError):
