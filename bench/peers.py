@@ -142,11 +142,14 @@ async def bounded(count: int, call: Callable[[int], Awaitable[Any]]) -> list[Any
     return list(await asyncio.gather(*(one(i) for i in range(count))))
 
 
-async def paced(count: int, rate: int, call: Callable[[int], Awaitable[Any]]) -> list[float]:
-    """``call(i)`` started at ``rate`` per second (open loop, at most CONCURRENCY*4 in
-    flight); returns the wall-clock time each call was started at."""
+async def paced(
+    count: int, rate: int, call: Callable[[int], Awaitable[Any]]
+) -> tuple[list[float], float]:
+    """``call(i)`` due at ``rate`` per second (open loop, at most CONCURRENCY*4 in flight).
+    Returns the wall-clock time each call was due at, which latency is counted from (a
+    peer too slow for the rate holds the sender back, and that wait is latency too), and
+    the rate the calls were actually started at."""
     limit = asyncio.Semaphore(CONCURRENCY * 4)
-    sent = [0.0] * count
     tasks = []
 
     async def one(i: int) -> None:
@@ -155,17 +158,18 @@ async def paced(count: int, rate: int, call: Callable[[int], Awaitable[Any]]) ->
         finally:
             limit.release()
 
-    started = time.perf_counter()
+    wall, started = time.time(), time.perf_counter()
     for i in range(count):
         due = started + i / rate
         now = time.perf_counter()
         if due > now:
             await asyncio.sleep(due - now)
         await limit.acquire()
-        sent[i] = time.time()
         tasks.append(asyncio.create_task(one(i)))
+    elapsed = time.perf_counter() - started
+    achieved = (count - 1) / elapsed if count > 1 and elapsed > 0 else float(rate)
     await asyncio.gather(*tasks)
-    return sent
+    return [wall + i / rate for i in range(count)], achieved
 
 
 def percentiles(latencies_s: list[float]) -> dict[str, float]:

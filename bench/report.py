@@ -57,8 +57,10 @@ def _peer_rows(results: dict[str, Any]) -> list[str]:
         )
         rows.append(f"| {name} | {shown} |")
     for key in sorted(k for k in f if k.startswith(PEER_PREFIXES) and f[k] is not None):
-        if "_latency_" in key:
+        if "_latency_" in key and key.endswith("_ms"):
             rows.append(f"| {key} | {f[key]:.1f} ms |")
+        elif key.endswith("_sent_per_s"):
+            rows.append(f"| {key} | {f[key]:,.0f} events/s sent |")
         elif key.endswith("_cores"):
             rows.append(f"| {key} | {f[key]:.2f} cores |")
         elif key.endswith("_cpu_s"):

@@ -153,12 +153,12 @@ class Restate:
     def _window(
         self, started: float, cpu0: tuple[float, ...], ends: dict[str, float]
     ) -> dict[str, float]:
-        server = self.server.cpu() - cpu0[0]
+        server, service = self.server.cpu() - cpu0[0], self.service.cpu() - cpu0[1]
         wall = time.time() - started
         return {
             "seconds": max(ends.values()) - started, "server_cpu_s": server,
-            "server_cores": server / wall, "service_cpu_s": self.service.cpu() - cpu0[1],
-            "client_cpu_s": own_cpu_seconds() - cpu0[2],
+            "server_cores": server / wall, "service_cpu_s": service,
+            "service_cores": service / wall, "client_cpu_s": own_cpu_seconds() - cpu0[2],
         }  # fmt: skip
 
     def _cpu(self) -> tuple[float, ...]:
@@ -195,11 +195,12 @@ class Restate:
     async def latency(self, rate: int, seconds: float) -> dict[str, float]:
         count = max(1, int(rate * seconds))
         prefix, keys = await self.start_runs("BenchWaiter", count)
-        sent = await paced(
+        due, achieved = await paced(
             count, rate, lambda i: self.post(f"/BenchWaiter/{keys[i]}/complete", PAYLOAD)
         )
         ends = await self.completed_at("BenchWaiter", prefix, count)
-        return percentiles([ends[key] - at for key, at in zip(keys, sent, strict=True)])
+        found = percentiles([ends[key] - at for key, at in zip(keys, due, strict=True)])
+        return {**found, "sent_per_s": achieved}
 
 
 def _epoch(value: Any) -> float:
@@ -263,10 +264,11 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     def record(prefix: str, found: dict[str, float]) -> None:
         runs.setdefault(prefix, []).append(args.n / found["seconds"])
-        for key in ("server_cpu_s", "server_cores", "service_cpu_s"):
+        for key in ("server_cpu_s", "server_cores", "service_cpu_s", "service_cores"):
             runs.setdefault(f"{prefix.removeprefix('r_')}_{key}", []).append(found[key])
 
     async with restate(Path(args.workdir)) as peer:
+        cpu0, started = peer.server.cpu(), time.time()
         await peer.promises(max(1, args.n // 4))  # warm-up, not recorded
         for _ in range(args.reps):
             record("r_restate", await peer.promises(args.n))
@@ -277,6 +279,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 found = await peer.latency(rate, args.latency_s)
                 for key, value in found.items():
                     runs.setdefault(f"restate_latency_{rate}_{key}", []).append(value)
+        total, wall = peer.server.cpu() - cpu0, time.time() - started
+    # The whole measurement, runs started and suspended between the timed windows included.
+    runs["restate_server_all_cpu_s"] = [total]
+    runs["restate_server_all_cores"] = [total / wall]
     return {"runs": runs, "figures": {}, "notes": []}
 
 

@@ -123,8 +123,10 @@ class Peer:
     ) -> dict[str, float]:
         server, own = self.server.cpu() - cpu0[0], own_cpu_seconds() - cpu0[1]
         wall = time.time() - started
-        return {"server_cpu_s": server, "server_cores": server / wall, "sdk_process_cpu_s": own,
-                "seconds": max(ends) - started}  # fmt: skip
+        return {
+            "seconds": max(ends) - started, "server_cpu_s": server, "server_cores": server / wall,
+            "sdk_process_cpu_s": own, "sdk_process_cores": own / wall,
+        }  # fmt: skip
 
     async def signals(self, n: int) -> dict[str, float]:
         handles = await self.start_waiters(n)
@@ -152,9 +154,12 @@ class Peer:
     async def latency(self, rate: int, seconds: float) -> dict[str, float]:
         count = max(1, int(rate * seconds))
         handles = await self.start_waiters(count)
-        sent = await paced(count, rate, lambda i: handles[i].signal(Waiter.completion, PAYLOAD))
+        due, achieved = await paced(
+            count, rate, lambda i: handles[i].signal(Waiter.completion, PAYLOAD)
+        )
         ends = await self.close_times(handles)
-        return percentiles([end - at for end, at in zip(ends, sent, strict=True)])
+        found = percentiles([end - at for end, at in zip(ends, due, strict=True)])
+        return {**found, "sent_per_s": achieved}
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -164,11 +169,17 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         task_queue = f"bench-{uuid.uuid4().hex[:6]}"
         async with Worker(client, task_queue=task_queue, workflows=[Waiter]):
             peer = Peer(server, client, task_queue)
+            cpu0, started = server.cpu(), time.time()
             await peer.signals(max(1, args.n // 4))  # warm-up, not recorded
             for _ in range(args.reps):
                 found = await peer.signals(args.n)
                 runs.setdefault("r_temporal", []).append(args.n / found["seconds"])
-                for key in ("server_cpu_s", "server_cores", "sdk_process_cpu_s"):
+                for key in (
+                    "server_cpu_s",
+                    "server_cores",
+                    "sdk_process_cpu_s",
+                    "sdk_process_cores",
+                ):
                     runs.setdefault(f"temporal_{key}", []).append(found[key])
                 found = await peer.signal_with_start(args.n)
                 runs.setdefault("r_temporal_sws", []).append(args.n / found["seconds"])
@@ -178,6 +189,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                     found = await peer.latency(rate, args.latency_s)
                     for key, value in found.items():
                         runs.setdefault(f"temporal_latency_{rate}_{key}", []).append(value)
+            total, wall = server.cpu() - cpu0, time.time() - started
+    # The whole measurement, waits started and awaited between the timed windows included.
+    runs["temporal_server_all_cpu_s"] = [total]
+    runs["temporal_server_all_cores"] = [total / wall]
     return {"runs": runs, "figures": {}, "notes": []}
 
 
