@@ -133,9 +133,8 @@ class Restate:
             f"{count} {service} runs {status}", done, 120 + count / 20, self.alive, POLL_S
         )
 
-    async def completed_at(self, service: str, prefix: str, count: int) -> dict[str, float]:
-        """Each run's completion time (epoch seconds, the server's clock) by key."""
-        await self.wait_status(service, prefix, "completed", count)
+    async def completed_at(self, service: str, prefix: str) -> dict[str, float]:
+        """Each completed run's completion time (epoch seconds, the server's clock) by key."""
         rows = await self.query(
             "SELECT target_service_key AS key, completed_at FROM sys_invocation"
             f" WHERE target_service_name = '{service}' AND target_handler_name = 'run'"
@@ -150,11 +149,15 @@ class Restate:
         await self.wait_status(service, prefix, "suspended", count)
         return prefix, keys
 
-    def _window(
-        self, started: float, cpu0: tuple[float, ...], ends: dict[str, float]
+    async def _window(
+        self, started: float, cpu0: tuple[float, ...], service_name: str, prefix: str, n: int
     ) -> dict[str, float]:
+        """Once the ``n`` runs completed: the CPU since ``cpu0``, read before their completion
+        times are asked for, and the seconds from ``started`` to the last completion."""
+        await self.wait_status(service_name, prefix, "completed", n)
         server, service = self.server.cpu() - cpu0[0], self.service.cpu() - cpu0[1]
         wall = time.time() - started
+        ends = await self.completed_at(service_name, prefix)
         return {
             "seconds": max(ends.values()) - started, "server_cpu_s": server,
             "server_cores": server / wall, "service_cpu_s": service,
@@ -168,7 +171,7 @@ class Restate:
         prefix, keys = await self.start_runs("BenchWaiter", n)
         cpu0, started = self._cpu(), time.time()
         await bounded(n, lambda i: self.post(f"/BenchWaiter/{keys[i]}/complete", PAYLOAD))
-        return self._window(started, cpu0, await self.completed_at("BenchWaiter", prefix, n))
+        return await self._window(started, cpu0, "BenchWaiter", prefix, n)
 
     async def awakeables(self, n: int) -> dict[str, float]:
         prefix, _keys = await self.start_runs("BenchAwakeable", n)
@@ -181,7 +184,7 @@ class Restate:
         assert len(ids) == n, f"{len(ids)} awakeable ids for {n} runs"
         cpu0, started = self._cpu(), time.time()
         await bounded(n, lambda i: self.post(f"/restate/awakeables/{ids[i]}/resolve", PAYLOAD))
-        return self._window(started, cpu0, await self.completed_at("BenchAwakeable", prefix, n))
+        return await self._window(started, cpu0, "BenchAwakeable", prefix, n)
 
     async def early(self, n: int) -> dict[str, float]:
         """The promise resolved before its run exists; then the runs started."""
@@ -190,7 +193,7 @@ class Restate:
         cpu0, started = self._cpu(), time.time()
         await bounded(n, lambda i: self.post(f"/BenchWaiter/{keys[i]}/complete", PAYLOAD))
         await bounded(n, lambda i: self.post(f"/BenchWaiter/{keys[i]}/run/send"))
-        return self._window(started, cpu0, await self.completed_at("BenchWaiter", prefix, n))
+        return await self._window(started, cpu0, "BenchWaiter", prefix, n)
 
     async def latency(self, rate: int, seconds: float) -> dict[str, float]:
         count = max(1, int(rate * seconds))
@@ -198,7 +201,8 @@ class Restate:
         due, achieved = await paced(
             count, rate, lambda i: self.post(f"/BenchWaiter/{keys[i]}/complete", PAYLOAD)
         )
-        ends = await self.completed_at("BenchWaiter", prefix, count)
+        await self.wait_status("BenchWaiter", prefix, "completed", count)
+        ends = await self.completed_at("BenchWaiter", prefix)
         found = percentiles([ends[key] - at for key, at in zip(keys, due, strict=True)])
         return {**found, "sent_per_s": achieved}
 

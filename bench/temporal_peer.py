@@ -112,17 +112,20 @@ class Peer:
         return handles
 
     async def close_times(self, handles: list[Handle]) -> list[float]:
-        await bounded(len(handles), lambda i: handles[i].result())
         described = await bounded(len(handles), lambda i: handles[i].describe())
         closed = [d.close_time for d in described]
         assert all(c is not None for c in closed)
         return [c.timestamp() for c in closed if c is not None]
 
-    def _window(
-        self, started: float, cpu0: tuple[float, float], ends: list[float]
+    async def _window(
+        self, started: float, cpu0: tuple[float, float], handles: list[Handle]
     ) -> dict[str, float]:
+        """Once every workflow completed: the CPU since ``cpu0``, read before the close
+        times are asked for, and the seconds from ``started`` to the last close."""
+        await bounded(len(handles), lambda i: handles[i].result())
         server, own = self.server.cpu() - cpu0[0], own_cpu_seconds() - cpu0[1]
         wall = time.time() - started
+        ends = await self.close_times(handles)
         return {
             "seconds": max(ends) - started, "server_cpu_s": server, "server_cores": server / wall,
             "sdk_process_cpu_s": own, "sdk_process_cores": own / wall,
@@ -133,7 +136,7 @@ class Peer:
         cpu0 = (self.server.cpu(), own_cpu_seconds())
         started = time.time()
         await bounded(n, lambda i: handles[i].signal(Waiter.completion, PAYLOAD))
-        return self._window(started, cpu0, await self.close_times(handles))
+        return await self._window(started, cpu0, handles)
 
     async def signal_with_start(self, n: int) -> dict[str, float]:
         prefix = uuid.uuid4().hex[:8]
@@ -149,7 +152,7 @@ class Peer:
                 start_signal_args=[PAYLOAD],
             ),
         )
-        return self._window(started, cpu0, await self.close_times(handles))
+        return await self._window(started, cpu0, handles)
 
     async def latency(self, rate: int, seconds: float) -> dict[str, float]:
         count = max(1, int(rate * seconds))
@@ -157,6 +160,7 @@ class Peer:
         due, achieved = await paced(
             count, rate, lambda i: handles[i].signal(Waiter.completion, PAYLOAD)
         )
+        await bounded(count, lambda i: handles[i].result())
         ends = await self.close_times(handles)
         found = percentiles([end - at for end, at in zip(ends, due, strict=True)])
         return {**found, "sent_per_s": achieved}
