@@ -94,11 +94,11 @@ SMOKE = Plan(
 )
 QUICK = Plan(
     n=4000, naive_n=500, reps=3, rates=[500, 2000], latency_s=3, scale=[0, 100_000], dbos_n=300,
-    peer_n=500, peer_latency_s=1,
+    peer_n=200, peer_latency_s=0.25,
 )  # fmt: skip
 FULL = Plan(
     n=30_000, naive_n=3000, reps=3, rates=[500, 2000], latency_s=15,
-    scale=[0, 100_000, 1_000_000], dbos_n=2000, peer_n=3000, peer_latency_s=5,
+    scale=[0, 100_000, 1_000_000], dbos_n=2000, peer_n=1000, peer_latency_s=2,
 )  # fmt: skip
 
 # Each peer: its module (run as a process of its own, which starts and stops the peer's
