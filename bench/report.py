@@ -15,6 +15,10 @@ THROUGHPUT = ["r_kafka", "r_pg", "r_pipe", "r_naive", "r_matcher", "r_dbos"]
 SCALE_OUT = ["r_matcher", "r_matcher_2_daemons", "r_matcher_3_daemons"]
 # On a private 3-broker cluster, topics of three replicas; null when it did not start.
 RF3 = ["r_kafka_rf3", "r_matcher_kafka_rf3"]
+# The peers users would pick instead (bench/temporal_peer.py, bench/restate_peer.py); null
+# when a peer could not run here.
+PEERS = ["r_temporal", "r_temporal_sws", "r_restate", "r_restate_awakeable", "r_restate_early"]
+PEER_PREFIXES = ("temporal_", "restate_")
 
 
 def _spread(values: list[float], fmt: str) -> str:
@@ -39,6 +43,31 @@ def _rf3_rows(results: dict[str, Any]) -> list[str]:
     return rows
 
 
+def _peer_rows(results: dict[str, Any]) -> list[str]:
+    f, runs = results["figures"], results.get("runs", {})
+    rows = []
+    for name in PEERS:
+        if name not in f:
+            continue  # results from before the peers were measured
+        value = f[name]
+        shown = (
+            "not measured (see the notes)"
+            if value is None
+            else f"{value:,.0f} events/s{_spread(runs.get(name, []), ',.0f')}"
+        )
+        rows.append(f"| {name} | {shown} |")
+    for key in sorted(k for k in f if k.startswith(PEER_PREFIXES) and f[k] is not None):
+        if "_latency_" in key and key.endswith("_ms"):
+            rows.append(f"| {key} | {f[key]:.1f} ms |")
+        elif key.endswith("_sent_per_s"):
+            rows.append(f"| {key} | {f[key]:,.0f} events/s sent |")
+        elif key.endswith("_cores"):
+            rows.append(f"| {key} | {f[key]:.2f} cores |")
+        elif key.endswith("_cpu_s"):
+            rows.append(f"| {key} | {f[key]:.2f} CPU-s |")
+    return rows
+
+
 def _ratio_row(results: dict[str, Any], name: str, value: float | None) -> str:
     if value is None:
         return f"| {name} | not measured (see the notes) |"
@@ -53,6 +82,7 @@ def _markdown(results: dict[str, Any]) -> str:
         *(f"| {name} | {f[name]:,.0f} events/s |" for name in THROUGHPUT),
         *(f"| {name} | {f[name]:,.0f} events/s |" for name in SCALE_OUT[1:] if name in f),
         *_rf3_rows(results),
+        *_peer_rows(results),
     ]
     for key in sorted(k for k in f if k.startswith("latency_") and isinstance(f[k], float)):
         lines.append(f"| {key} | {f[key]:.1f} ms |")
@@ -75,8 +105,12 @@ def _plot(results: dict[str, Any], path: Path) -> None:
     fig, (bars, cdf, scale) = plt.subplots(1, 3, figsize=(16, 4.8))
     scale_out = [n for n in SCALE_OUT[1:] if n in f]
     rf3 = [n for n in RF3 if f.get(n) is not None]
-    names = THROUGHPUT + scale_out + rf3
-    colours = ["#888"] * 4 + ["#2a7"] + ["#c55"] + ["#6b9"] * len(scale_out) + ["#57b"] * len(rf3)
+    peers = [n for n in PEERS if f.get(n) is not None]
+    names = THROUGHPUT + scale_out + rf3 + peers
+    colours = (
+        ["#888"] * 4 + ["#2a7"] + ["#c55"] + ["#6b9"] * len(scale_out) + ["#57b"] * len(rf3)
+        + ["#c55"] * len(peers)
+    )  # fmt: skip
     labels = [
         n.replace("r_matcher_kafka_rf3", "matcher rf3")
         .replace("r_matcher_", "matcher x")

@@ -10,6 +10,10 @@ The last line printed is the path of the JSON results.
 The full and quick runs also measure the daemon on a private 3-broker cluster (topics of
 three replicas, min.insync.replicas 2) started after the single-broker throughput figures
 and purged right after its own; Postgres stays the single server named above.
+
+They end with the peers users would pick instead, each with its own server started and
+stopped here: Temporal (bench/temporal_peer.py) and Restate (bench/restate_peer.py). The
+smoke run skips them; a peer that cannot run leaves its figures null, with a note.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -44,6 +49,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from bench.cluster import ClusterUnavailable, private_cluster, replication
+from bench.peers import PAYLOAD
 from matcher.auth.gate import read
 from matcher.auth.policy import Policy
 from matcher.domain.events import CompletionEvent as CloudEventIn
@@ -58,7 +64,6 @@ _POLICY = Policy(require_signatures=False)
 console = Console(stderr=True)
 SECRET = "whsec_" + base64.b64encode(b"benchmark-hmac-secret-0123456789").decode()
 PARTITIONS = 6
-PAYLOAD = {"status": "succeeded", "rows": 1200, "output": "s3://bucket/out/" + "x" * 120}
 
 
 @dataclass
@@ -71,24 +76,39 @@ class Plan:
     scale: list[int]
     dbos_n: int
     rf3: bool = True  # r_matcher on a 3-broker cluster too (a minute of JVM start-up)
+    # The peers Temporal and Restate (bench/temporal_peer.py, bench/restate_peer.py): N
+    # waits per throughput repetition, and the seconds of each latency run at plan.rates.
+    peer_n: int = 0
+    peer_latency_s: float = 1.0
 
     def steps(self) -> int:
         """The progress bar's steps: one per throughput repetition, latency rate and
-        scale measurement; the cluster's start and each of its repetitions."""
+        scale measurement; the cluster's start and each of its repetitions; each peer."""
         rf3 = 1 + self.reps if self.rf3 else 0
-        return self.reps + rf3 + len(self.rates) + 2 * len(self.scale)
+        peers = len(PEERS) if self.peer_n else 0
+        return self.reps + rf3 + len(self.rates) + 2 * len(self.scale) + peers
 
 
 SMOKE = Plan(
     n=300, naive_n=60, reps=1, rates=[200], latency_s=1, scale=[0, 2000], dbos_n=30, rf3=False
 )
 QUICK = Plan(
-    n=4000, naive_n=500, reps=3, rates=[500, 2000], latency_s=3, scale=[0, 100_000], dbos_n=300
-)
+    n=4000, naive_n=500, reps=3, rates=[500, 2000], latency_s=3, scale=[0, 100_000], dbos_n=300,
+    peer_n=200, peer_latency_s=0.25,
+)  # fmt: skip
 FULL = Plan(
     n=30_000, naive_n=3000, reps=3, rates=[500, 2000], latency_s=15,
-    scale=[0, 100_000, 1_000_000], dbos_n=2000,
+    scale=[0, 100_000, 1_000_000], dbos_n=2000, peer_n=1000, peer_latency_s=2,
 )  # fmt: skip
+
+# Each peer: its module (run as a process of its own, which starts and stops the peer's
+# servers) and its throughput figures, null with a note when the peer could not run.
+PEERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "temporal": ("bench.temporal_peer", ("r_temporal", "r_temporal_sws")),
+    "restate": ("bench.restate_peer", ("r_restate", "r_restate_awakeable", "r_restate_early")),
+}
+# A peer process still running after this long is stopped (its whole process group).
+PEER_TIMEOUT_S = 1800.0
 
 
 @dataclass
@@ -566,6 +586,86 @@ def r_dbos(env: Env, count: int) -> float:
     return count / float(json.loads(out.stdout.strip().splitlines()[-1])["seconds"])
 
 
+class PeerFailed(Exception):
+    """A peer's process failed or timed out; the message says how (for the notes)."""
+
+
+def _run_peer(module: str, args: list[str], timeout: float) -> dict[str, Any]:
+    """Run ``python -m module args`` in a process group of its own and return the JSON of
+    its last line. On timeout the whole group (the peer's servers too) is stopped."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", module, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, errors = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, sig)
+            try:
+                process.communicate(timeout=30)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        raise PeerFailed(f"still running after {timeout:.0f}s, stopped") from None
+    finally:
+        # Whatever the peer left behind in its group (it stops its servers itself).
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    lines = out.strip().splitlines()
+    if process.returncode != 0 or not lines:
+        tail = (errors.strip().splitlines() or ["no output"])[-1]
+        raise PeerFailed(f"exited {process.returncode}: {tail[-500:]}")
+    try:
+        result: dict[str, Any] = json.loads(lines[-1])
+    except ValueError as exc:
+        raise PeerFailed(f"printed no JSON: {lines[-1][-200:]}") from exc
+    return result
+
+
+def _measure_peers(plan: Plan, results: Results, step: Step) -> None:
+    """Each peer in its own process, one after the other, on this machine while Kafka and
+    Postgres idle. A peer that cannot run leaves its figures null, with a note saying why."""
+    if not plan.peer_n:
+        results.notes.append("temporal, restate: not measured (this plan runs no peers)")
+        return
+    for name, (module, _figures) in PEERS.items():
+        workdir = Path(tempfile.mkdtemp(prefix=f"matcher-bench-{name}-"))
+        args = [
+            "--n", str(plan.peer_n), "--reps", str(plan.reps),
+            "--rates", ",".join(str(r) for r in plan.rates),
+            "--latency-s", str(plan.peer_latency_s), "--workdir", str(workdir),
+        ]  # fmt: skip
+        try:
+            out = _run_peer(module, args, PEER_TIMEOUT_S)
+        except PeerFailed as exc:
+            out = {"unavailable": str(exc)}
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        if "unavailable" in out:
+            why = out["unavailable"]
+            console.print(f"[yellow]{name} not measured, its figures are null:[/] {why}")
+            results.notes.append(f"{name}: not measured: {why}")
+        else:
+            results.runs.update(out["runs"])
+            results.notes.extend(out.get("notes", []))
+        step(f"peer {name}")
+    results.notes.append(PEER_NOTE)
+
+
+PEER_NOTE = (
+    "temporal, restate: measured after matcher's figures, one peer at a time, with Kafka and"
+    " Postgres idle beside them; each peer's throughput is N waits resumed by N events sent"
+    " CONCURRENCY (64) at a time, timed from the first event sent to the last workflow"
+    " completed by the peer server's own clock; latency is one run per rate (event sent ->"
+    " workflow completed). Temporal: `temporal server start-dev` (SQLite in a file) and the"
+    " temporalio worker in the load generator's process; Restate: restate-server (single node,"
+    " RocksDB) and the restate-sdk service over HTTP/2 (hypercorn), runs suspended before"
+    " their events arrive."
+)
+
+
 def _median(values: list[float]) -> float:
     return float(statistics.median(values))
 
@@ -717,6 +817,9 @@ def _figures(runs: dict[str, list[float]], samples: dict[str, list[float]]) -> d
     figures["rss_peak_bytes"] = max(runs["rss_bytes"])
     for name in RF3_FIGURES:  # null when the cluster was not measured
         figures.setdefault(name, None)
+    for _module, names in PEERS.values():  # null when the peer did not run
+        for name in names:
+            figures.setdefault(name, None)
     figures["latency_samples_ms"] = samples
     return figures
 
@@ -735,6 +838,24 @@ def _ratios(plan: Plan, figures: dict[str, Any]) -> dict[str, float]:
             figures[f"scale_{biggest}_r_matcher"] / figures["scale_0_r_matcher"]
         ),
     }
+
+
+def _peer_ratios(plan: Plan, figures: dict[str, Any]) -> dict[str, float | None]:
+    """r_matcher over each peer's throughput, and each peer's p99 over matcher's at each
+    rate; null where the peer was not measured."""
+    out: dict[str, float | None] = {}
+    m = figures["r_matcher"]
+    for _module, names in PEERS.values():
+        for name in names:
+            peer = figures.get(name)
+            out[f"matcher_over_{name.removeprefix('r_')}"] = None if not peer else m / peer
+    for peer in PEERS:
+        for rate in plan.rates:
+            theirs = figures.get(f"{peer}_latency_{rate}_p99_ms")
+            ours = figures.get(f"latency_{rate}_p99_ms")
+            key = f"{peer}_p99_over_matcher_{rate}"
+            out[key] = None if theirs is None or not ours else theirs / ours
+    return out
 
 
 def _rf3_ratio(figures: dict[str, Any]) -> float | None:
@@ -781,13 +902,18 @@ async def run(plan: Plan, out_dir: Path) -> Path:
             await _measure_rf3(env, plan, work, results, step)
             await _measure_latency(env, plan, results.runs, samples, step)
             await _measure_scale(env, plan, work, results.runs, step)
+            _measure_peers(plan, results, step)
     finally:
         await env.cleanup()
 
     results.figures = _figures(results.runs, samples)
     ratios = _ratios(plan, results.figures)
     results.targets = _targets(plan, results.figures, ratios)
-    results.ratios = {**ratios, "matcher_rf3_over_single": _rf3_ratio(results.figures)}
+    results.ratios = {
+        **ratios,
+        "matcher_rf3_over_single": _rf3_ratio(results.figures),
+        **_peer_ratios(plan, results.figures),
+    }
     results.ratio_runs = _ratio_runs(results.runs)
     from bench.report import write_reports
 
