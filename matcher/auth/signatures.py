@@ -43,6 +43,19 @@ def binary_content(headers: Mapping[bytes, bytes], value: bytes) -> bytes:
     return b"".join(parts)
 
 
+def hmac_sha256(secret: bytes, message: bytes) -> bytes:
+    """HMAC-SHA256 of ``message``, the same bytes as ``hmac.digest(secret, message,
+    "sha256")``.
+
+    Not that one-shot call: it releases the GIL on every call, however short the
+    message, and the gate judges batches in a worker thread beside a busy event loop.
+    Each of those calls then waited for the GIL to come back, a convoy that made judging
+    a batch 3-4 times slower in the daemon than alone. An HMAC object releases it only
+    for messages long enough to be worth it (hashlib's 2 KiB threshold).
+    """
+    return hmac.new(secret, message, "sha256").digest()
+
+
 def signed_bytes(webhook_id: bytes, timestamp: bytes, content: bytes) -> bytes:
     return webhook_id + b"." + timestamp + b"." + content
 
@@ -108,7 +121,7 @@ def verify(
     """The id of the key that signed ``message``, or None. Comparisons are constant-time."""
     for key in keys:
         if key.hmac_secret is not None:
-            expected = hmac.digest(key.hmac_secret, message, "sha256")
+            expected = hmac_sha256(key.hmac_secret, message)
             for version, signature in offered:
                 if version == b"v1" and hmac.compare_digest(expected, signature):
                     return key.id

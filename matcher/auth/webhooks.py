@@ -33,6 +33,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from matcher.auth.signatures import hmac_sha256
+
 Scheme = Literal["standard-webhooks", "github", "stripe"]
 SCHEMES: tuple[Scheme, ...] = ("standard-webhooks", "github", "stripe")
 
@@ -242,9 +244,7 @@ def github_signature_ok(header: bytes, body: bytes, secrets: tuple[bytes, ...]) 
     if prefix != b"sha256" or not _HEX_SHA256.fullmatch(digest):
         return False
     offered = bytes.fromhex(digest.decode("ascii"))
-    return any(
-        hmac.compare_digest(hmac.digest(secret, body, "sha256"), offered) for secret in secrets
-    )
+    return any(hmac.compare_digest(hmac_sha256(secret, body), offered) for secret in secrets)
 
 
 class BadStripeHeader(ValueError):
@@ -284,7 +284,7 @@ def stripe_signature_ok(
     message = timestamp + b"." + body
     wanted = [bytes.fromhex(v.decode("ascii")) for v in offered if _HEX_SHA256.fullmatch(v)]
     for secret in secrets:
-        expected = hmac.digest(secret, message, "sha256")
+        expected = hmac_sha256(secret, message)
         if any(hmac.compare_digest(expected, w) for w in wanted):
             return True
     return False
