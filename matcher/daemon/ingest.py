@@ -36,7 +36,7 @@ from matcher.kafka.binding import raw_record
 from matcher.kafka.bounded import start_consumer, stop_consumer
 from matcher.kafka.commits import OffsetCommitter
 from matcher.kafka.dead_letters import DeadLetters
-from matcher.kafka.fetch import FetchedRecord, SafeFetcher
+from matcher.kafka.fetch import Batch, SafeFetcher
 from matcher.metrics import EVENTS_RECEIVED, EVENTS_REJECTED
 from matcher.store.ingest import BatchResult, ConcurrentInsert, IngestRecord, store_batch
 from matcher.store.maintenance import ensure_days
@@ -47,6 +47,9 @@ log = logging.getLogger("matcher.ingest")
 # The longest the consumer's start or stop may take, and a lag measurement's look-up.
 CALL_TIMEOUT_S = 30.0
 LAG_LOOKUP_TIMEOUT_S = 2.0
+# A batch whose keys and values add up to no more than this is judged on the event loop
+# (a few milliseconds at most); a larger one in a worker thread.
+INLINE_JUDGE_BYTES = 64 * 1024
 
 # Worth retrying the same batch: the database or the network, not the data.
 _TRANSIENT = (
@@ -85,9 +88,13 @@ def _names(partitions: Sequence[TopicPartition]) -> str:
     return ",".join(f"{tp.topic}:{tp.partition}" for tp in sorted(partitions))
 
 
-def to_ingest_records(
-    batch: dict[TopicPartition, list[FetchedRecord]], registry: Registry, policy: Policy
-) -> list[IngestRecord]:
+def _payload_bytes(batch: Batch) -> int:
+    return sum(
+        len(m.value or b"") + len(m.key or b"") for messages in batch.values() for m in messages
+    )
+
+
+def to_ingest_records(batch: Batch, registry: Registry, policy: Policy) -> list[IngestRecord]:
     read_at = datetime.now(UTC)
     records: list[IngestRecord] = []
     for tp, messages in batch.items():
@@ -179,26 +186,22 @@ class Ingest:
             if letters is not None:
                 await letters
             raise
-        # One batch is parsed (CPU, here) while the one before is in Postgres (I/O, in a
-        # task): batches are still stored and their offsets committed strictly in order.
+        # One batch is judged (CPU) while the one before is in Postgres (I/O, in a task):
+        # batches are still stored and their offsets committed strictly in order.
         in_flight: asyncio.Task[None] | None = None
         try:
             while not self._stop.is_set():
                 batch = await fetcher.getmany(
                     timeout_ms=s.ingest_poll_timeout_ms, max_records=s.ingest_batch_max
                 )
-                # Judged in a worker thread: the event loop (the group heartbeat, the relay,
-                # the admin probes) stays responsive however costly a batch is to read.
-                records = (
-                    await asyncio.to_thread(
-                        to_ingest_records, batch, self._registry.current, self._policy
-                    )
-                    if batch
-                    else []
-                )
+                records = await self._judged(batch)
                 if in_flight is not None:
                     await in_flight
                     in_flight = None
+                    # What arrived while the batch before was stored joins this batch
+                    # instead of waiting for the next: at low rates batches are small,
+                    # and an event would otherwise wait out two store cycles, not one.
+                    await self._top_up(fetcher, batch, records)
                 if batch:
                     # Taken before the task starts, so a revocation waits for this batch.
                     await self._batch_lock.acquire()
@@ -222,10 +225,37 @@ class Ingest:
                 await letters
             log.info("ingest stopped")
 
+    async def _judged(self, batch: Batch) -> list[IngestRecord]:
+        """The gate's verdicts on ``batch``. A small batch is judged here; a large one in
+        a worker thread, so that the event loop (the group heartbeat, the relay, the
+        admin probes) stays responsive however costly a batch is to read. The thread
+        costs a hand-over each way, most of a small batch's judging time."""
+        if not batch:
+            return []
+        registry = self._registry.current
+        if _payload_bytes(batch) <= INLINE_JUDGE_BYTES:
+            return to_ingest_records(batch, registry, self._policy)
+        return await asyncio.to_thread(to_ingest_records, batch, registry, self._policy)
+
+    async def _top_up(
+        self, fetcher: SafeFetcher, batch: Batch, records: list[IngestRecord]
+    ) -> None:
+        """Add to ``batch`` (and its ``records``) what is already fetched, without
+        waiting, up to the batch size."""
+        room = self._settings.ingest_batch_max - len(records)
+        if room <= 0:
+            return
+        more = await fetcher.getmany(timeout_ms=0, max_records=room)
+        if not more:
+            return
+        records.extend(await self._judged(more))
+        for tp, messages in more.items():
+            batch.setdefault(tp, []).extend(messages)
+
     async def _handle_locked(
         self,
         committer: OffsetCommitter,
-        batch: dict[TopicPartition, list[FetchedRecord]],
+        batch: Batch,
         records: list[IngestRecord],
     ) -> None:
         try:
@@ -236,7 +266,7 @@ class Ingest:
     async def _handle(
         self,
         committer: OffsetCommitter,
-        batch: dict[TopicPartition, list[FetchedRecord]],
+        batch: Batch,
         records: list[IngestRecord],
     ) -> None:
         metrics.BATCH_SIZE.observe(len(records))

@@ -1,0 +1,112 @@
+"""How the ingest loop builds a batch: topped up, in order, within its size, and the
+HMAC it verifies with held to the standard library's."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import threading
+from typing import Any
+
+from aiokafka import TopicPartition
+from hypothesis import given
+from hypothesis import strategies as st
+
+from matcher.auth.signatures import hmac_sha256
+from matcher.config import Settings
+from matcher.daemon.ingest import INLINE_JUDGE_BYTES, Ingest
+from matcher.kafka.fetch import Batch, FetchedRecord
+
+A, B = TopicPartition("events", 0), TopicPartition("events", 1)
+
+
+@given(st.binary(max_size=64), st.binary(max_size=5000))
+def test_hmac_is_the_standard_librarys(secret: bytes, message: bytes) -> None:
+    assert hmac_sha256(secret, message) == hmac.digest(secret, message, "sha256")
+
+
+def _record(tp: TopicPartition, offset: int, size: int = 10) -> FetchedRecord:
+    return FetchedRecord(tp.topic, tp.partition, offset, -1, 0, None, b"x" * size, ())
+
+
+class _Fetched:
+    """What a fetcher has already fetched: handed over in order, at most as asked."""
+
+    def __init__(self, records: list[FetchedRecord]) -> None:
+        self.records = records
+        self.asked: list[tuple[int, int | None]] = []
+
+    async def getmany(self, timeout_ms: int = 0, max_records: int | None = None) -> Batch:
+        self.asked.append((timeout_ms, max_records))
+        taken = self.records[:max_records]
+        self.records = self.records[len(taken) :]
+        out: Batch = {}
+        for r in taken:
+            out.setdefault(TopicPartition(r.topic, r.partition), []).append(r)
+        return out
+
+
+def _ingest(batch_max: int) -> Ingest:
+    settings = Settings(
+        kafka_bootstrap_servers="k:9092",
+        database_url="postgresql://u@h/d",
+        ingest_batch_max=batch_max,
+    )
+    return Ingest(settings, pool=None, stop=asyncio.Event(), on_resolved=lambda: None)  # type: ignore[arg-type]
+
+
+async def _top_up(ingest: Ingest, batch: Batch, fetched: _Fetched) -> list[Any]:
+    records = await ingest._judged(batch)
+    await ingest._top_up(fetched, batch, records)  # type: ignore[arg-type]
+    return records
+
+
+def test_a_top_up_adds_what_was_fetched_in_order_without_waiting() -> None:
+    ingest = _ingest(batch_max=10)
+    batch: Batch = {A: [_record(A, 0), _record(A, 1)]}
+    fetched = _Fetched([_record(A, 2), _record(B, 0), _record(A, 3)])
+    records = asyncio.run(_top_up(ingest, batch, fetched))
+    assert [r.offset for r in batch[A]] == [0, 1, 2, 3]
+    assert [r.offset for r in batch[B]] == [0]
+    assert [(r.partition, r.offset) for r in records] == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0)]
+    assert fetched.asked == [(0, 8)]  # no wait, and only the room left
+
+
+def test_a_top_up_stays_within_the_batch_size() -> None:
+    ingest = _ingest(batch_max=3)
+    batch: Batch = {A: [_record(A, 0), _record(A, 1)]}
+    fetched = _Fetched([_record(A, 2), _record(A, 3)])
+    records = asyncio.run(_top_up(ingest, batch, fetched))
+    assert [r.offset for r in batch[A]] == [0, 1, 2]
+    assert len(records) == 3
+    assert [r.offset for r in fetched.records] == [3]  # left for the next batch
+
+    full: Batch = {A: [_record(A, n) for n in range(3)]}
+    untouched = _Fetched([_record(A, 3)])
+    asyncio.run(_top_up(ingest, full, untouched))
+    assert untouched.asked == []
+    assert len(full[A]) == 3
+
+
+def test_large_batches_are_judged_off_the_event_loop(monkeypatch: Any) -> None:
+    """A batch past the inline bound is judged in a worker thread, a small one on the
+    event loop's own thread (no hand-over)."""
+    import matcher.daemon.ingest as ingest_module
+
+    judged_on: list[str] = []
+    judge = ingest_module.to_ingest_records
+
+    def recording(*args: Any) -> Any:
+        judged_on.append(threading.current_thread().name)
+        return judge(*args)
+
+    monkeypatch.setattr(ingest_module, "to_ingest_records", recording)
+    ingest = _ingest(batch_max=10)
+    big: Batch = {A: [_record(A, n, size=INLINE_JUDGE_BYTES // 2 + 1) for n in range(2)]}
+    small: Batch = {A: [_record(A, 0)]}
+    for batch in (big, small):
+        records = asyncio.run(ingest._judged(batch))
+        assert [r.offset for r in records] == [m.offset for m in batch[A]]
+    main = threading.main_thread().name
+    assert judged_on[0] != main
+    assert judged_on[1] == main
