@@ -39,5 +39,9 @@ def test_bench_smoke_produces_every_figure(services: Services, tmp_path: Path) -
     ):  # fmt: skip
         assert figures[name] > 0, name
     assert results["ratios"]["matcher_over_pipe"] > 0
+    # The latency's stages, and the Kafka floor beside it, at the smoke run's one rate.
+    for stage in ("", "stored_", "claimed_", "published_"):
+        assert figures[f"latency_200_{stage}p99_ms"] > 0, stage
+    assert 0 < figures["latency_kafka_200_p50_ms"] < figures["latency_200_p50_ms"]
     assert (tmp_path / "results.md").read_text().startswith("| figure |")
     assert (tmp_path / "results.png").stat().st_size > 10_000
