@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 from collections.abc import Callable, Iterator
@@ -199,6 +200,16 @@ def _start_loops(
     return _Loops(tasks, wake)
 
 
+def _settle_heap() -> None:
+    """Move everything built so far (the imported modules, the loops' clients) out of
+    the garbage collector's sight: it is kept for the process's life, and a full
+    collection scanned it all, pausing the daemon for 65-70 ms about every 4 s at
+    500 events/s, the largest part of the latency's tail. Only a process of its own
+    does this: it changes the collector for the whole interpreter."""
+    gc.collect()
+    gc.freeze()
+
+
 def _log_ready(settings: Settings) -> None:
     log.info(
         "matcher ready",
@@ -235,6 +246,8 @@ async def run(
         try:
             registry = await _preflight(settings)
             loops = _start_loops(settings, pool, stop, registry)
+            if handle_signals:
+                _settle_heap()
             _log_ready(settings)
             await _supervise_with_wakeups(settings, stop, loops)
             log.info("stopping")
