@@ -16,9 +16,11 @@ import contextlib
 import os
 import shutil
 import subprocess
+import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -131,9 +133,9 @@ def empty_db(services: Services) -> Iterator[str]:
         _drop_db(services, name)
 
 
-@pytest.fixture
-def db_url(services: Services, template_db: str) -> Iterator[str]:
-    """The URL of a fresh, fully migrated database of this test's own."""
+@contextlib.contextmanager
+def own_database(services: Services, template_db: str) -> Iterator[str]:
+    """The URL of a fresh, fully migrated database, dropped when the block ends."""
     name = f"matcher_t_{uuid.uuid4().hex[:12]}"
     _create_db(services, name, template=template_db)
     try:
@@ -142,43 +144,83 @@ def db_url(services: Services, template_db: str) -> Iterator[str]:
         _drop_db(services, name)
 
 
-@pytest.fixture
-def settings(services: Services, db_url: str) -> Iterator[Settings]:
-    """Settings for this test: its own database and its own, already created, topics."""
+# What a test's settings start from.
+TEST_SETTINGS: dict[str, object] = {
+    # Most tests are not about authentication; the security tests set a registry.
+    "allow_unsigned": True,
+    # Quick loops: tests wait on outcomes, and slow polling only slows them down.
+    "ingest_poll_timeout_ms": 50,
+    "relay_poll_interval_s": 0.2,
+    "sweep_interval_s": 0.1,
+    "janitor_interval_s": 0.5,
+    "shutdown_timeout_s": 20,
+    "stats_interval_s": 0.2,
+    "admin_address": "127.0.0.1:0",
+    "kafka_session_timeout_ms": 3000,
+    "kafka_heartbeat_interval_ms": 500,
+}
+
+
+def _apart(work: Coroutine[Any, Any, object]) -> None:
+    """Run ``work`` to its end in a thread of its own: the caller's thread may already
+    run an event loop (Playwright's sync API does)."""
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(work)
+        except BaseException as exc:  # handed to the caller
+            failure.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+
+
+@contextlib.contextmanager
+def own_settings(services: Services, database_url: str, **overrides: object) -> Iterator[Settings]:
+    """Settings on ``database_url`` with topics of their own, created first and deleted
+    when the block ends; TEST_SETTINGS, then ``overrides``."""
     suffix = uuid.uuid4().hex[:10]
     result = Settings(
         kafka_bootstrap_servers=services.kafka_bootstrap_servers,
-        database_url=db_url,
+        database_url=database_url,
         events_topic=f"test.{suffix}.events",
         resume_topic=f"test.{suffix}.resumes",
         consumer_group=f"test.{suffix}",
-        # Most tests are not about authentication; the security tests set a registry.
-        allow_unsigned=True,
-        # Quick loops: tests wait on outcomes, and slow polling only slows them down.
-        ingest_poll_timeout_ms=50,
-        relay_poll_interval_s=0.2,
-        sweep_interval_s=0.1,
-        janitor_interval_s=0.5,
-        shutdown_timeout_s=20,
-        stats_interval_s=0.2,
-        admin_address="127.0.0.1:0",
-        kafka_session_timeout_ms=3000,
-        kafka_heartbeat_interval_ms=500,
+        **(TEST_SETTINGS | overrides),  # type: ignore[arg-type]
     )
-    asyncio.run(
+    topics = [result.events_topic, result.resume_topic]
+    _apart(
         ensure_topics(
             result.kafka_client_options(),
-            [result.events_topic, result.resume_topic],
+            topics,
             partitions=result.topic_partitions,
             configs={result.events_topic: EVENT_TOPIC_CONFIGS},
         )
     )
-    yield result
-    # Best effort: a broker left with thousands of test partitions slows every later run.
-    with contextlib.suppress(Exception):
-        asyncio.run(
-            delete_topics(result.kafka_client_options(), [result.events_topic, result.resume_topic])
-        )
+    try:
+        yield result
+    finally:
+        # Best effort: a broker left with thousands of test partitions slows every later run.
+        with contextlib.suppress(Exception):
+            _apart(delete_topics(result.kafka_client_options(), topics))
+
+
+@pytest.fixture
+def db_url(services: Services, template_db: str) -> Iterator[str]:
+    """The URL of a fresh, fully migrated database of this test's own."""
+    with own_database(services, template_db) as url:
+        yield url
+
+
+@pytest.fixture
+def settings(services: Services, db_url: str) -> Iterator[Settings]:
+    """Settings for this test: its own database and its own, already created, topics."""
+    with own_settings(services, db_url) as result:
+        yield result
 
 
 def settings_env(settings: Settings) -> dict[str, str]:

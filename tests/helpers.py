@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -216,6 +217,13 @@ class DaemonProcess:
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError(f"no {needle!r} in the output:\n" + self.output)
             time.sleep(0.05)
+
+    def admin_url(self, timeout: float = 30) -> str:
+        """The admin API's address, as the daemon logged it (it listens on port 0)."""
+        self.wait_for_output("admin API listening", timeout)
+        found = re.search(r"admin API listening address=(http://\S+)", self.output)
+        assert found is not None, self.output
+        return found.group(1)
 
     def wait_exit(self, timeout: float = 60) -> int:
         code = self.process.wait(timeout)

@@ -30,11 +30,9 @@ from playwright.sync_api import Browser, Dialog, Page, sync_playwright
 
 from matcher.config import Settings
 from matcher.domain.waits import WaitSpec
-from matcher.kafka.topics import EVENT_TOPIC_CONFIGS, ensure_topics
 from matcher.sdk import register_wait
-from tests.conftest import Services, _create_db, _drop_db, with_database
+from tests.conftest import Services, own_database, own_settings
 from tests.helpers import DaemonProcess, process_env, scalar, started
-from tests.integration.test_admin import _address
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -147,32 +145,28 @@ def _scenario(settings: Settings) -> None:
 def console(
     services: Services, template_db: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Console]:
-    name = f"matcher_t_{uuid.uuid4().hex[:12]}"
-    _create_db(services, name, template=template_db)
-    suffix = uuid.uuid4().hex[:10]
     producers = tmp_path_factory.mktemp("console") / "producers.toml"
     producers.write_text(_producers({"k1": K1}))
-    settings = Settings(
-        kafka_bootstrap_servers=services.kafka_bootstrap_servers,
-        database_url=with_database(services.database_url, name),
-        events_topic=f"test.{suffix}.events", resume_topic=f"test.{suffix}.resumes",
-        consumer_group=f"test.{suffix}", producers_file=producers, allow_unsigned=False,
-        admin_address="127.0.0.1:0", admin_token=TOKEN,
-        ingest_poll_timeout_ms=50, relay_poll_interval_s=0.2, sweep_interval_s=0.1,
-        producers_reload_interval_s=0.2,
-    )  # fmt: skip
-    topics = [settings.events_topic, settings.resume_topic]
-    configs = {settings.events_topic: EVENT_TOPIC_CONFIGS}
-    options = settings.kafka_client_options()
+    with (
+        own_database(services, template_db) as url,
+        own_settings(
+            services, url, producers_file=producers, allow_unsigned=False, admin_token=TOKEN,
+            producers_reload_interval_s=0.2,
+        ) as settings,
+    ):  # fmt: skip
+        yield from _console(settings, producers)
+
+
+def _console(settings: Settings, producers: Path) -> Iterator[Console]:
+    """The daemon, with the scenario's runs and a transaction held open for the backlog."""
     loop = _Loop.shared = _Loop()
-    loop.run(ensure_topics(options, topics, partitions=6, configs=configs))
     env = process_env(
         settings, MATCHER_ADMIN_TOKEN=TOKEN, MATCHER_PRODUCERS_FILE=str(producers),
         MATCHER_PRODUCERS_RELOAD_INTERVAL_S="0.2",
     )  # fmt: skip
     daemon = DaemonProcess(env)
     daemon.wait_ready()
-    found = Console(_address(daemon), settings, producers, daemon=daemon)
+    found = Console(daemon.admin_url(), settings, producers, daemon=daemon)
     try:
         _scenario(settings)
         _until(lambda: scalar(settings, "SELECT count(*) FROM matcher.inbox") == 2
@@ -189,7 +183,6 @@ def console(
                 loop.run(found.held.stop())
         loop.close()
         assert daemon.terminate() == 0, daemon.output[-3000:]
-        _drop_db(services, name)
 
 
 class _Loop:

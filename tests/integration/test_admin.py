@@ -3,10 +3,8 @@ token, readiness, explain over HTTP, and metrics scraped after real scenarios.""
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -25,9 +23,8 @@ from matcher.config import Settings
 from matcher.daemon import stats
 from matcher.domain.waits import WaitSpec
 from matcher.kafka.lag import group_lag
-from matcher.kafka.topics import ensure_topics
 from matcher.sdk import cancel_wait, register_wait
-from tests.conftest import Services, _create_db, _drop_db, with_database
+from tests.conftest import Services, own_database, own_settings
 from tests.helpers import (
     DaemonProcess,
     event,
@@ -49,56 +46,26 @@ class Admin:
     daemon: DaemonProcess
 
 
-def _address(daemon: DaemonProcess) -> str:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        found = re.search(r"admin API listening address=(http://\S+)", daemon.output)
-        if found:
-            return found.group(1)
-        time.sleep(0.05)
-    raise AssertionError("no admin address in the log:\n" + daemon.output)
-
-
 @pytest.fixture(scope="module")
 def admin(services: Services, template_db: str) -> Iterator[Admin]:
-    name = f"matcher_t_{uuid.uuid4().hex[:12]}"
-    _create_db(services, name, template=template_db)
-    suffix = uuid.uuid4().hex[:10]
-    settings = Settings(
-        kafka_bootstrap_servers=services.kafka_bootstrap_servers,
-        database_url=with_database(services.database_url, name),
-        events_topic=f"test.{suffix}.events",
-        resume_topic=f"test.{suffix}.resumes",
-        consumer_group=f"test.{suffix}",
-        allow_unsigned=True,
-        admin_address="127.0.0.1:0",
-        admin_token=TOKEN,
-        stats_interval_s=0.2,
-        ingest_poll_timeout_ms=50,
-        relay_poll_interval_s=0.2,
-        sweep_interval_s=0.1,
-    )
-    asyncio.run(
-        ensure_topics(
-            settings.kafka_client_options(),
-            [settings.events_topic, settings.resume_topic],
-            partitions=settings.topic_partitions,
-        )
-    )
-    with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as conn:
-        register_wait(
-            conn,
-            WaitSpec(
-                tenant="acme", run_id="run-1", position=0, event_types=["t"], correlation_id="c1"
-            ),
-        )
-    daemon = DaemonProcess(process_env(settings, MATCHER_ADMIN_TOKEN=TOKEN))
-    daemon.wait_ready()
-    try:
-        yield Admin(_address(daemon), settings, daemon)
-    finally:
-        assert daemon.terminate() == 0, daemon.output
-        _drop_db(services, name)
+    with (
+        own_database(services, template_db) as url,
+        own_settings(services, url, admin_token=TOKEN) as settings,
+    ):
+        with psycopg.connect(url, autocommit=True) as conn:
+            register_wait(
+                conn,
+                WaitSpec(
+                    tenant="acme", run_id="run-1", position=0, event_types=["t"],
+                    correlation_id="c1",
+                ),
+            )  # fmt: skip
+        daemon = DaemonProcess(process_env(settings, MATCHER_ADMIN_TOKEN=TOKEN))
+        daemon.wait_ready()
+        try:
+            yield Admin(daemon.admin_url(), settings, daemon)
+        finally:
+            assert daemon.terminate() == 0, daemon.output
 
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -274,7 +241,7 @@ async def test_gauges_see_a_backlog_and_the_daemon_drains_it(
     daemon = DaemonProcess(process_env(settings))
     daemon.wait_ready()
     try:
-        address = _address(daemon)
+        address = daemon.admin_url()
 
         def drained() -> bool:
             now = _scrape(address)

@@ -8,7 +8,6 @@ import html
 import re
 import socket
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -19,9 +18,8 @@ import pytest
 
 from matcher.config import Settings
 from matcher.domain.waits import WaitSpec
-from matcher.kafka.topics import ensure_topics
 from matcher.sdk import register_wait
-from tests.conftest import Services, _create_db, _drop_db, with_database
+from tests.conftest import Services, own_database, own_settings
 from tests.helpers import DaemonProcess, event, process_env, produce, produce_raw, scalar
 
 TOKEN = "console-token-for-tests"
@@ -36,16 +34,6 @@ CSP = (
 class Console:
     url: str
     settings: Settings
-
-
-def _address(daemon: DaemonProcess) -> str:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        found = re.search(r"admin API listening address=(http://\S+)", daemon.output)
-        if found:
-            return found.group(1)
-        time.sleep(0.05)
-    raise AssertionError("no admin address in the log:\n" + daemon.output)
 
 
 def _until(check: object, what: str, timeout: float = 30) -> None:
@@ -94,36 +82,17 @@ def _seed(settings: Settings) -> None:
 
 @pytest.fixture(scope="module")
 def console(services: Services, template_db: str) -> Iterator[Console]:
-    name = f"matcher_t_{uuid.uuid4().hex[:12]}"
-    _create_db(services, name, template=template_db)
-    suffix = uuid.uuid4().hex[:10]
-    settings = Settings(
-        kafka_bootstrap_servers=services.kafka_bootstrap_servers,
-        database_url=with_database(services.database_url, name),
-        events_topic=f"test.{suffix}.events",
-        resume_topic=f"test.{suffix}.resumes",
-        consumer_group=f"test.{suffix}",
-        allow_unsigned=True,
-        admin_address="127.0.0.1:0",
-        admin_token=TOKEN,
-        ingest_poll_timeout_ms=50,
-        relay_poll_interval_s=0.2,
-    )
-    asyncio.run(
-        ensure_topics(
-            settings.kafka_client_options(),
-            [settings.events_topic, settings.resume_topic],
-            partitions=settings.topic_partitions,
-        )
-    )
-    daemon = DaemonProcess(process_env(settings, MATCHER_ADMIN_TOKEN=TOKEN))
-    daemon.wait_ready()
-    try:
-        _seed(settings)
-        yield Console(_address(daemon), settings)
-    finally:
-        assert daemon.terminate() == 0, daemon.output
-        _drop_db(services, name)
+    with (
+        own_database(services, template_db) as url,
+        own_settings(services, url, admin_token=TOKEN) as settings,
+    ):
+        daemon = DaemonProcess(process_env(settings, MATCHER_ADMIN_TOKEN=TOKEN))
+        daemon.wait_ready()
+        try:
+            _seed(settings)
+            yield Console(daemon.admin_url(), settings)
+        finally:
+            assert daemon.terminate() == 0, daemon.output
 
 
 def _csrf(page: str) -> str:
