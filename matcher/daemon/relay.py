@@ -154,59 +154,28 @@ class Relay:
             await asyncio.wait_for(self._stop.wait(), seconds)
 
     async def _publish_until_stopped(self, producer: AIOKafkaProducer) -> None:
-        """Publish batch after batch. A batch's rows are marked published while the next
-        batch is claimed and sent: the mark's round trips and commit were a third of a
-        relay cycle, which every resume resolved meanwhile waited out. The next batch is
-        sent only once the one before is acknowledged, so Kafka sees the outbox's order;
-        a mark that fails leaves its rows to be published again (at least once)."""
-        marking: asyncio.Task[int] | None = None
-        try:
-            while True:
-                self._wake.clear()
-                acked: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-                batch = asyncio.create_task(self._publish(producer, acked), name="relay-batch")
-                await asyncio.wait({batch, acked}, return_when=asyncio.FIRST_COMPLETED)
-                if marking is not None:
-                    await marking
-                marking = batch
-                if batch.done():
-                    batch.result()  # its failure, if it failed before its acknowledgements
-                sent = acked.result() if acked.done() else 0
-                if sent >= self._settings.relay_batch_max:
-                    continue  # more are likely waiting
-                if self._stop.is_set():
-                    break
-                await self._until_woken()
-                if self._stop.is_set():
-                    break
-            await marking
-            marking = None
-            # Publish what the final batches resolved before leaving.
-            await self.publish_batch(producer)
-        finally:
-            if marking is not None and not marking.done():
-                marking.cancel()  # rolled back: its rows are published again
-                await asyncio.gather(marking, return_exceptions=True)
-
-    async def _until_woken(self) -> None:
-        """Until a nudge, a NOTIFY, a stop or the safety-net poll interval."""
-        waker = asyncio.create_task(self._wake.wait())
-        stopper = asyncio.create_task(self._stop.wait())
-        await asyncio.wait(
-            {waker, stopper},
-            timeout=self._settings.relay_poll_interval_s,
-            return_when=asyncio.FIRST_COMPLETED,
-        )
-        waker.cancel()
-        stopper.cancel()
+        while True:
+            self._wake.clear()
+            sent = await self.publish_batch(producer)
+            if sent >= self._settings.relay_batch_max:
+                continue  # more are likely waiting
+            if self._stop.is_set():
+                return
+            waker = asyncio.create_task(self._wake.wait())
+            stopper = asyncio.create_task(self._stop.wait())
+            await asyncio.wait(
+                {waker, stopper},
+                timeout=self._settings.relay_poll_interval_s,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            waker.cancel()
+            stopper.cancel()
+            if self._stop.is_set():
+                # Publish what the final batches resolved before leaving.
+                await self.publish_batch(producer)
+                return
 
     async def publish_batch(self, producer: AIOKafkaProducer) -> int:
-        """Claim, publish and mark one batch; the number of resumes published."""
-        return await self._publish(producer, asyncio.get_running_loop().create_future())
-
-    async def _publish(self, producer: AIOKafkaProducer, acked: asyncio.Future[int]) -> int:
-        """One batch: claim, send, and once Kafka acknowledged it all, set ``acked`` to
-        its size (0: nothing to publish), then mark it published and commit."""
         topic = self._settings.resume_topic
         # In a pipeline, BEGIN travels with the claim and COMMIT with the mark: two round
         # trips to Postgres per batch instead of four.
@@ -218,7 +187,6 @@ class Relay:
         ):
             rows = await outbox.claim_unpublished(cur, pipeline, self._settings.relay_batch_max)
             if not rows:
-                acked.set_result(0)
                 return 0
             crash_point("relay.before_publish")
             # Bounded: a TimeoutError rolls the claim back, and run() rebuilds the producer.
@@ -231,7 +199,6 @@ class Relay:
                     refresh_every_s=self._request_timeout_s,
                 )
             crash_point("relay.after_publish")
-            acked.set_result(len(rows))
             await outbox.mark_published(cur, rows)
         self.published += len(rows)
         _observe(rows)
