@@ -95,7 +95,7 @@ bench: install ## The full benchmark (about 20 minutes); the last line is the re
 	scripts/install-restate >/dev/null || echo "bench: no restate-server, the Restate peer will be null" >&2
 	$(USE_ENV); $(BIN)/python -m bench.run
 
-bench-quick: install ## The benchmark in about 5 minutes (fewer events, smaller scale).
+bench-quick: install ## The benchmark in about 8 minutes with the peers (fewer events, smaller scale).
 	scripts/install-restate >/dev/null || echo "bench: no restate-server, the Restate peer will be null" >&2
 	$(USE_ENV); $(BIN)/python -m bench.run --quick
 

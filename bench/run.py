@@ -1067,7 +1067,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="the under-3-minutes version")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer events and a smaller scale (about 8 minutes with the peers)",
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny: proves the harness works")
     parser.add_argument(
         "--out", default=None, help="results directory (default bench/results/<time>)"
