@@ -136,6 +136,11 @@ class KafkaSettings(BaseSettings):
             max_signatures=self.max_signatures,
         )
 
+    def request_timeout_ms(self, call_bound_s: float) -> int:
+        """A producer's wait for one broker's answer within a call bounded at
+        ``call_bound_s``: ``kafka_request_timeout_ms``, never longer than the call."""
+        return min(self.kafka_request_timeout_ms, int(call_bound_s * 1000))
+
     def kafka_client_options(self) -> dict[str, Any]:
         """Keyword arguments every aiokafka client gets (servers and security)."""
         options: dict[str, Any] = {

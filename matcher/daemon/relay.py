@@ -103,9 +103,7 @@ class Relay:
             settings.relay_call_timeout_s if call_timeout_s is None else call_timeout_s
         )
         # One request's wait for a broker (within a call): a hung broker costs this.
-        self._request_timeout_s = min(
-            settings.kafka_request_timeout_ms / 1000, self._call_timeout_s
-        )
+        self._request_timeout_ms = settings.request_timeout_ms(self._call_timeout_s)
         self.published = 0
         self.producers_started = 0  # one more each time a producer is (re)built
 
@@ -123,7 +121,7 @@ class Relay:
                     linger_ms=self._settings.relay_linger_ms,
                     # Room for a whole relay batch of one partition in one request.
                     max_batch_size=512 * 1024,
-                    request_timeout_ms=int(self._request_timeout_s * 1000),
+                    request_timeout_ms=self._request_timeout_ms,
                 )
                 try:
                     await start_producer(producer, self._call_timeout_s)
@@ -196,7 +194,7 @@ class Relay:
                     producer,
                     sends,
                     timeout_s=self._call_timeout_s,
-                    refresh_every_s=self._request_timeout_s,
+                    refresh_every_s=self._request_timeout_ms / 1000,
                 )
             crash_point("relay.after_publish")
             await outbox.mark_published(cur, rows)

@@ -34,10 +34,7 @@ class Forwarder:
         self._started = asyncio.Event()
 
     def _request_timeout_ms(self) -> int:
-        return min(
-            self._settings.kafka_request_timeout_ms,
-            int(self._settings.ingress_produce_timeout_s * 1000),
-        )
+        return self._settings.request_timeout_ms(self._settings.ingress_produce_timeout_s)
 
     def _new_producer(self) -> AIOKafkaProducer:
         timeout_ms = self._request_timeout_ms()

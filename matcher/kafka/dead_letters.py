@@ -81,9 +81,7 @@ class DeadLetters:
                 **self._settings.kafka_client_options(),
                 enable_idempotence=True,
                 acks="all",
-                request_timeout_ms=min(
-                    self._settings.kafka_request_timeout_ms, int(self._timeout_s * 1000)
-                ),
+                request_timeout_ms=self._settings.request_timeout_ms(self._timeout_s),
             )
             try:
                 await start_producer(producer, self._timeout_s)

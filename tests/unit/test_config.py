@@ -129,3 +129,10 @@ def test_topics_with_three_replicas_want_two_in_sync() -> None:
     assert _with_durability({}, 3) == {"min.insync.replicas": "2"}
     assert _with_durability({"min.insync.replicas": "3"}, 5) == {"min.insync.replicas": "3"}
     assert _with_durability({"retention.ms": "1"}, 1) == {"retention.ms": "1"}
+
+
+def test_a_request_never_waits_longer_than_its_call() -> None:
+    settings = Settings(kafka_bootstrap_servers="k:9092", database_url="postgresql://u@h/d")
+    assert settings.kafka_request_timeout_ms == 5000
+    assert settings.request_timeout_ms(30.0) == 5000  # the request's own bound
+    assert settings.request_timeout_ms(1.5) == 1500  # the call's, when shorter
