@@ -52,10 +52,12 @@ lint: install ## Lint, format check, strict type check, import contracts.
 chart-check: ## Lint and render the Helm chart; check bad values are refused (builds helm once; needs Go).
 	scripts/check-chart
 
-# promtool is built and Chromium installed (once) before pytest, so that their progress shows.
+# promtool is built and Chromium and kcat installed (once) before pytest, so that their
+# progress shows.
 test: lint chart-check ## Lint, check the chart, then every test against real Kafka and Postgres.
 	scripts/install-promtool >/dev/null
 	scripts/install-chromium >/dev/null
+	scripts/install-kcat >/dev/null
 	$(USE_ENV); $(BIN)/pytest
 
 # The long campaign: the gate fuzzed with FUZZ_INPUTS inputs (and coverage-guided with

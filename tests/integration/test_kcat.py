@@ -1,0 +1,112 @@
+"""kcat, the librdkafka command-line client, as a producer: record batches, compression
+codecs and a partitioner that are librdkafka's, not aiokafka's. Signed events it
+publishes resolve their waits; a record it mangles is quarantined, and the partition
+goes on.
+
+kcat comes from scripts/install-kcat (Debian's package; installed when we may,
+``make test`` runs it first); without it these tests fail with how to install it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+from matcher_producer import KafkaRecord
+
+from matcher.config import Settings
+from tests.helpers import eventually, read_resumes, running_daemon, scalar
+from tests.integration.test_security import _signed, _wait_for, secure  # noqa: F401
+
+pytestmark = pytest.mark.timeout(180)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def kcat() -> str:
+    found = subprocess.run(
+        [str(ROOT / "scripts" / "install-kcat")],
+        capture_output=True, text=True, timeout=1200, check=False,
+    )  # fmt: skip
+    if found.returncode != 0:
+        pytest.fail(found.stderr.strip())
+    return found.stdout.strip()
+
+
+def _publish(kcat: str, settings: Settings, record: KafkaRecord, codec: str) -> None:
+    """One record through kcat: its key, headers and value exactly as given."""
+    headers = [arg for name, value in record.headers for arg in ("-H", f"{name}={value.decode()}")]
+    key = [] if record.key is None else ["-k", record.key.decode()]
+    subprocess.run(
+        [
+            kcat, "-P", "-b", settings.kafka_bootstrap_servers, "-t", settings.events_topic,
+            "-z", codec, "-X", "enable.idempotence=true", "-X", "acks=all", "-D", "\x1e",
+            *key, *headers,
+        ],
+        input=(record.value or b"") + b"\x1e", capture_output=True, timeout=60, check=True,
+    )  # fmt: skip
+
+
+def _published(settings: Settings) -> int:
+    return int(
+        scalar(settings, "SELECT count(*) FROM matcher.outbox WHERE published_at IS NOT NULL")
+    )
+
+
+@pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
+async def test_signed_events_kcat_publishes_resolve_their_waits(
+    kcat: str,
+    secure: Settings,  # noqa: F811
+    codec: str,
+) -> None:
+    events = [_signed(structured=structured) for structured in (False, True)]
+    for event, _ in events:
+        _wait_for(secure, event)
+    async with running_daemon(secure):
+        for _, record in events:
+            _publish(kcat, secure, record, codec)
+        await eventually(
+            lambda: (
+                scalar(secure, "SELECT count(*) FROM matcher.outbox WHERE published_at IS NOT NULL")
+                == 2
+            ),
+            timeout=60,
+            what="both waits resolved and published",
+        )
+    resumes = await read_resumes(secure, at_least=2)
+    assert {r.correlation_id for r in resumes} == {e.correlation_id for e, _ in events}
+    assert scalar(secure, "SELECT count(*) FROM matcher.quarantine") == 0
+
+
+async def test_a_record_kcat_mangles_is_quarantined_and_the_partition_goes_on(
+    kcat: str,
+    secure: Settings,  # noqa: F811
+) -> None:
+    """A header value changed after signing (kcat sends what it is given): refused with a
+    reason, and the next record of the same key, intact, still resolves its wait."""
+    mangled_event, record = _signed(correlation_id=f"c-{uuid.uuid4().hex[:8]}")
+    tampered = KafkaRecord(
+        key=record.key,
+        headers=[
+            (name, b"other" if name == "ce_type" else value) for name, value in record.headers
+        ],
+        value=record.value,
+    )
+    good_event, good = _signed(correlation_id=mangled_event.correlation_id)
+    _wait_for(secure, mangled_event)
+    async with running_daemon(secure):
+        _publish(kcat, secure, tampered, "none")
+        _publish(kcat, secure, good, "none")
+        await eventually(
+            lambda: (
+                scalar(secure, "SELECT count(*) FROM matcher.outbox WHERE published_at IS NOT NULL")
+                == 1
+            ),
+            timeout=60,
+            what="the intact event's wait resolved",
+        )
+    assert scalar(secure, "SELECT reason FROM matcher.quarantine") == "bad_signature"
+    assert scalar(secure, "SELECT resolved_by_event_id FROM matcher.waits") == good_event.id
