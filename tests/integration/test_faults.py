@@ -4,6 +4,7 @@ that outlives the consumer's poll interval and session."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import psycopg
 
@@ -20,6 +21,10 @@ from tests.helpers import (
     register_waits,
     scalar,
 )
+
+
+def _stored_at_least(settings: Settings, count: int) -> Callable[[], bool]:
+    return lambda: int(scalar(settings, "SELECT count(*) FROM matcher.inbox") or 0) >= count
 
 
 def _resolved(settings: Settings) -> int:
@@ -42,8 +47,14 @@ async def test_terminated_connections_are_survived(settings: Settings) -> None:
     try:
         producing = asyncio.create_task(produce_slowly())
         url = settings.database_url.get_secret_value()
-        for _ in range(4):  # pg_terminate_backend on every daemon connection, four times
-            await asyncio.sleep(0.7)
+        # pg_terminate_backend on every daemon connection, four times, each once another
+        # fifth of the events is stored: mid-work on a fast machine and a slow one alike.
+        for fifth in range(1, 5):
+            await eventually(
+                _stored_at_least(settings, fifth * total // 5),
+                timeout=120,
+                what=f"{fifth}/5 of the events stored",
+            )
             with psycopg.connect(url, autocommit=True) as conn:
                 row = conn.execute(
                     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
