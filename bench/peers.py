@@ -9,6 +9,7 @@ bench.run takes medians of the runs, as for its own figures.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -17,7 +18,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -183,3 +184,30 @@ def percentiles(latencies_s: list[float]) -> dict[str, float]:
 
 def emit(out: dict[str, Any]) -> None:
     print(json.dumps(out), flush=True)
+
+
+Measure = Callable[[argparse.Namespace], Coroutine[Any, Any, dict[str, Any]]]
+
+
+def parse(doc: str | None, argv: list[str] | None = None) -> argparse.Namespace:
+    """A peer process's arguments (bench/run.py passes them)."""
+    parser = argparse.ArgumentParser(description=doc)
+    parser.add_argument("--n", type=int, required=True)
+    parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--rates", default="500,2000")
+    parser.add_argument("--latency-s", type=float, default=1.0)
+    parser.add_argument("--latency-reps", type=int, default=1)
+    parser.add_argument("--workdir", required=True)
+    args = parser.parse_args(argv)
+    args.rates = [int(r) for r in args.rates.split(",") if r]
+    return args
+
+
+def peer_main(measure: Measure, doc: str | None) -> None:
+    """Run a peer's ``measure`` and print its results; a peer that cannot run says why."""
+    args = parse(doc)
+    try:
+        out: dict[str, Any] = asyncio.run(measure(args))
+    except PeerUnavailable as exc:
+        out = {"runs": {}, "figures": {}, "unavailable": str(exc)}
+    emit(out)

@@ -27,12 +27,13 @@ def _spread(values: list[float], fmt: str) -> str:
     return f" ({format(min(values), fmt)} to {format(max(values), fmt)} over {len(values)} reps)"
 
 
-def _rf3_rows(results: dict[str, Any]) -> list[str]:
+def _throughput_rows(results: dict[str, Any], names: list[str]) -> list[str]:
+    """A row per figure of ``names`` the results have, with its spread; null: not measured."""
     f, runs = results["figures"], results.get("runs", {})
     rows = []
-    for name in RF3:
+    for name in names:
         if name not in f:
-            continue  # results from before the cluster was measured
+            continue  # results from before this figure was measured
         value = f[name]
         shown = (
             "not measured (see the notes)"
@@ -44,18 +45,8 @@ def _rf3_rows(results: dict[str, Any]) -> list[str]:
 
 
 def _peer_rows(results: dict[str, Any]) -> list[str]:
-    f, runs = results["figures"], results.get("runs", {})
-    rows = []
-    for name in PEERS:
-        if name not in f:
-            continue  # results from before the peers were measured
-        value = f[name]
-        shown = (
-            "not measured (see the notes)"
-            if value is None
-            else f"{value:,.0f} events/s{_spread(runs.get(name, []), ',.0f')}"
-        )
-        rows.append(f"| {name} | {shown} |")
+    f = results["figures"]
+    rows = _throughput_rows(results, PEERS)
     for key in sorted(k for k in f if k.startswith(PEER_PREFIXES) and f[k] is not None):
         if "_latency_" in key and key.endswith("_ms"):
             rows.append(f"| {key} | {f[key]:.1f} ms |")
@@ -81,7 +72,7 @@ def _markdown(results: dict[str, Any]) -> str:
         "|---|---|",
         *(f"| {name} | {f[name]:,.0f} events/s |" for name in THROUGHPUT),
         *(f"| {name} | {f[name]:,.0f} events/s |" for name in SCALE_OUT[1:] if name in f),
-        *_rf3_rows(results),
+        *_throughput_rows(results, RF3),
         *_peer_rows(results),
     ]
     for key in sorted(k for k in f if k.startswith("latency_") and isinstance(f[k], float)):

@@ -18,7 +18,6 @@ the last line printed is the JSON of bench.peers.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
@@ -40,10 +39,10 @@ from bench.peers import (
     PeerUnavailable,
     Server,
     bounded,
-    emit,
     free_port,
     own_cpu_seconds,
     paced,
+    peer_main,
     percentiles,
     running,
     wait_for,
@@ -290,27 +289,5 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     return {"runs": runs, "figures": {}, "notes": []}
 
 
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--n", type=int, required=True)
-    parser.add_argument("--reps", type=int, default=1)
-    parser.add_argument("--rates", default="500,2000")
-    parser.add_argument("--latency-s", type=float, default=1.0)
-    parser.add_argument("--latency-reps", type=int, default=1)
-    parser.add_argument("--workdir", required=True)
-    args = parser.parse_args(argv)
-    args.rates = [int(r) for r in args.rates.split(",") if r]
-    return args
-
-
-def main() -> None:
-    args = parse()
-    try:
-        out = asyncio.run(measure(args))
-    except PeerUnavailable as exc:
-        out = {"runs": {}, "figures": {}, "unavailable": str(exc)}
-    emit(out)
-
-
 if __name__ == "__main__":
-    main()
+    peer_main(measure, __doc__)

@@ -24,10 +24,12 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 import psycopg
+import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from cloudevents.core.bindings import kafka as ce_kafka
 from cloudevents.core.formats.json import JSONFormat
@@ -550,3 +552,15 @@ def dump(value: Any) -> str:
 def env_flag(name: str, default: int) -> int:
     """Iteration counts that the long campaign target raises."""
     return int(os.environ.get(name, default))
+
+
+def installed_tool(script: str) -> str:
+    """The path a ``scripts/install-*`` script prints (it installs the tool when it may);
+    the test fails with the script's own one-line reason when it cannot."""
+    done = subprocess.run(
+        [str(Path(__file__).resolve().parents[1] / "scripts" / script)],
+        capture_output=True, text=True, timeout=1200, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        pytest.fail(done.stderr.strip().splitlines()[-1], pytrace=False)
+    return done.stdout.strip()

@@ -12,7 +12,6 @@ import asyncio
 import base64
 import contextlib
 import os
-import subprocess
 import threading
 import uuid
 from collections.abc import Coroutine, Iterator
@@ -32,7 +31,7 @@ from matcher.config import Settings
 from matcher.domain.waits import WaitSpec
 from matcher.sdk import register_wait
 from tests.conftest import Services, own_database, own_settings
-from tests.helpers import DaemonProcess, process_env, scalar, started
+from tests.helpers import DaemonProcess, installed_tool, process_env, scalar, started
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -67,13 +66,7 @@ class Console:
 
 @pytest.fixture(scope="module")
 def chromium() -> str:
-    done = subprocess.run(
-        [str(ROOT / "scripts" / "install-chromium")],
-        capture_output=True, text=True, timeout=1200, check=False,
-    )  # fmt: skip
-    if done.returncode != 0:
-        pytest.fail(done.stderr.strip().splitlines()[-1], pytrace=False)
-    return done.stdout.strip()
+    return installed_tool("install-chromium")
 
 
 @pytest.fixture(scope="module")

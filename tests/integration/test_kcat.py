@@ -17,7 +17,7 @@ import pytest
 from matcher_producer import KafkaRecord
 
 from matcher.config import Settings
-from tests.helpers import eventually, read_resumes, running_daemon, scalar
+from tests.helpers import eventually, installed_tool, read_resumes, running_daemon, scalar
 from tests.integration.test_security import _signed, _wait_for, secure  # noqa: F401
 
 pytestmark = pytest.mark.timeout(180)
@@ -27,13 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def kcat() -> str:
-    found = subprocess.run(
-        [str(ROOT / "scripts" / "install-kcat")],
-        capture_output=True, text=True, timeout=1200, check=False,
-    )  # fmt: skip
-    if found.returncode != 0:
-        pytest.fail(found.stderr.strip())
-    return found.stdout.strip()
+    return installed_tool("install-kcat")
 
 
 def _publish(kcat: str, settings: Settings, record: KafkaRecord, codec: str) -> None:
