@@ -82,27 +82,87 @@ END
 $$;
 
 
+--
+-- Name: resolve_waits(uuid[], text, text, text, text[], text[], timestamp with time zone[]); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.resolve_waits(wait_ids uuid[], new_state text, how text, outcome text, producers text[] DEFAULT NULL::text[], event_ids text[] DEFAULT NULL::text[], received_at timestamp with time zone[] DEFAULT NULL::timestamp with time zone[]) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    resolved_count bigint;
+BEGIN
+    WITH target AS (
+        SELECT *
+        FROM unnest(
+            resolve_waits.wait_ids,
+            coalesce(resolve_waits.producers,
+                     array_fill(NULL::text, ARRAY[cardinality(resolve_waits.wait_ids)])),
+            coalesce(resolve_waits.event_ids,
+                     array_fill(NULL::text, ARRAY[cardinality(resolve_waits.wait_ids)])),
+            coalesce(resolve_waits.received_at,
+                     array_fill(NULL::timestamptz, ARRAY[cardinality(resolve_waits.wait_ids)]))
+        ) AS u(wait_id, producer, event_id, received_at)
+    ), resolved AS (
+        UPDATE matcher.waits AS w
+        SET state = resolve_waits.new_state, resolved_at = now(),
+            resolution = resolve_waits.how,
+            resolved_by_producer = t.producer, resolved_by_event_id = t.event_id,
+            resolved_by_received_at = CASE WHEN t.producer IS NULL THEN NULL
+                                           ELSE coalesce(t.received_at, now()) END,
+            version = w.version + 1
+        FROM target AS t
+        WHERE w.id = t.wait_id AND w.state = 'waiting'
+        RETURNING w.id, w.tenant, w.run_id
+    ), queued AS (
+        INSERT INTO matcher.outbox (wait_id, tenant, run_id, outcome)
+        SELECT id, tenant, run_id, resolve_waits.outcome FROM resolved
+        RETURNING 1
+    )
+    SELECT count(*) INTO resolved_count FROM queued;
+    RETURN resolved_count;
+END
+$$;
+
+
+--
+-- Name: rfc3339(timestamp with time zone); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.rfc3339(ts timestamp with time zone) RETURNS text
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    RETURN to_char((ts AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'::text);
+
+
 SET default_tablespace = '';
 
-SET default_table_access_method = heap;
-
 --
--- Name: outbox; Type: TABLE; Schema: matcher; Owner: -
+-- Name: inbox; Type: TABLE; Schema: matcher; Owner: -
 --
 
-CREATE TABLE matcher.outbox (
-    id bigint NOT NULL,
-    resolution_id uuid DEFAULT gen_random_uuid() NOT NULL,
-    wait_id uuid NOT NULL,
+CREATE TABLE matcher.inbox (
+    producer text NOT NULL,
+    event_id text NOT NULL,
     tenant text NOT NULL,
-    run_id text NOT NULL,
-    outcome text NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    published_at timestamp with time zone,
-    message_sha256 bytea,
-    CONSTRAINT outbox_outcome_check CHECK ((outcome = ANY (ARRAY['event'::text, 'timeout'::text, 'cancelled'::text])))
-);
+    type text NOT NULL,
+    correlation_id text NOT NULL,
+    external_job_id text,
+    occurred_at timestamp with time zone,
+    received_at timestamp with time zone DEFAULT now() NOT NULL,
+    kafka_topic text,
+    kafka_partition integer,
+    kafka_offset bigint,
+    data jsonb,
+    status text DEFAULT 'pending'::text NOT NULL,
+    consumed_by uuid,
+    late_for uuid,
+    status_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT inbox_status_check1 CHECK ((status = ANY (ARRAY['pending'::text, 'consumed'::text, 'late'::text, 'expired'::text])))
+)
+PARTITION BY RANGE (received_at);
 
+
+SET default_table_access_method = heap;
 
 --
 -- Name: waits; Type: TABLE; Schema: matcher; Owner: -
@@ -130,78 +190,6 @@ CREATE TABLE matcher.waits (
     CONSTRAINT waits_resolution_check CHECK ((resolution = ANY (ARRAY['event'::text, 'deadline'::text, 'cancel'::text]))),
     CONSTRAINT waits_state_check CHECK ((state = ANY (ARRAY['waiting'::text, 'matched'::text, 'timed_out'::text, 'cancelled'::text])))
 );
-
-
---
--- Name: resolve_waits(uuid[], text, text, text, text[], text[], timestamp with time zone[]); Type: FUNCTION; Schema: matcher; Owner: -
---
-
-CREATE FUNCTION matcher.resolve_waits(wait_ids uuid[], new_state text, how text, outcome text, producers text[] DEFAULT NULL::text[], event_ids text[] DEFAULT NULL::text[], received_at timestamp with time zone[] DEFAULT NULL::timestamp with time zone[]) RETURNS bigint
-    LANGUAGE sql
-    BEGIN ATOMIC
- WITH target AS (
-          SELECT u.wait_id,
-             u.producer,
-             u.event_id,
-             u.received_at
-            FROM UNNEST(resolve_waits.wait_ids, COALESCE(resolve_waits.producers, array_fill(NULL::text, ARRAY[cardinality(resolve_waits.wait_ids)])), COALESCE(resolve_waits.event_ids, array_fill(NULL::text, ARRAY[cardinality(resolve_waits.wait_ids)])), COALESCE(resolve_waits.received_at, array_fill(NULL::timestamp with time zone, ARRAY[cardinality(resolve_waits.wait_ids)]))) u(wait_id, producer, event_id, received_at)
-         ), resolved AS (
-          UPDATE matcher.waits w SET state = resolve_waits.new_state, resolved_at = now(), resolution = resolve_waits.how, resolved_by_producer = t.producer, resolved_by_event_id = t.event_id, resolved_by_received_at =
-                 CASE
-                     WHEN (t.producer IS NULL) THEN NULL::timestamp with time zone
-                     ELSE COALESCE(t.received_at, now())
-                 END, version = (w.version + 1)
-            FROM target t
-           WHERE ((w.id = t.wait_id) AND (w.state = 'waiting'::text))
-           RETURNING w.id,
-             w.tenant,
-             w.run_id
-         ), queued AS (
-          INSERT INTO matcher.outbox (wait_id, tenant, run_id, outcome)  SELECT resolved.id,
-                     resolved.tenant,
-                     resolved.run_id,
-                     resolve_waits.outcome AS outcome
-                    FROM resolved
-           RETURNING 1 AS "?column?"
-         )
-  SELECT count(*) AS count
-    FROM queued;
-END;
-
-
---
--- Name: rfc3339(timestamp with time zone); Type: FUNCTION; Schema: matcher; Owner: -
---
-
-CREATE FUNCTION matcher.rfc3339(ts timestamp with time zone) RETURNS text
-    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-    RETURN to_char((ts AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'::text);
-
-
---
--- Name: inbox; Type: TABLE; Schema: matcher; Owner: -
---
-
-CREATE TABLE matcher.inbox (
-    producer text NOT NULL,
-    event_id text NOT NULL,
-    tenant text NOT NULL,
-    type text NOT NULL,
-    correlation_id text NOT NULL,
-    external_job_id text,
-    occurred_at timestamp with time zone,
-    received_at timestamp with time zone DEFAULT now() NOT NULL,
-    kafka_topic text,
-    kafka_partition integer,
-    kafka_offset bigint,
-    data jsonb,
-    status text DEFAULT 'pending'::text NOT NULL,
-    consumed_by uuid,
-    late_for uuid,
-    status_at timestamp with time zone DEFAULT now() NOT NULL,
-    CONSTRAINT inbox_status_check1 CHECK ((status = ANY (ARRAY['pending'::text, 'consumed'::text, 'late'::text, 'expired'::text])))
-)
-PARTITION BY RANGE (received_at);
 
 
 --
@@ -310,6 +298,24 @@ ALTER TABLE matcher.match_queue ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY
     NO MINVALUE
     NO MAXVALUE
     CACHE 1
+);
+
+
+--
+-- Name: outbox; Type: TABLE; Schema: matcher; Owner: -
+--
+
+CREATE TABLE matcher.outbox (
+    id bigint NOT NULL,
+    resolution_id uuid DEFAULT gen_random_uuid() NOT NULL,
+    wait_id uuid NOT NULL,
+    tenant text NOT NULL,
+    run_id text NOT NULL,
+    outcome text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    published_at timestamp with time zone,
+    message_sha256 bytea,
+    CONSTRAINT outbox_outcome_check CHECK ((outcome = ANY (ARRAY['event'::text, 'timeout'::text, 'cancelled'::text])))
 );
 
 
