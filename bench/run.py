@@ -39,6 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import confluent_kafka
 import psycopg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
@@ -528,6 +529,8 @@ PERCENTILES = {"p50": 0.50, "p95": 0.95, "p99": 0.99}
 # keeps: the inbox row's received_at is when the ingest transaction began; the outbox
 # row's published_at, when the relay's transaction that claimed it began.
 STAGES = ("stored", "claimed", "published")
+# Each latency run first sends this many seconds of events at its rate, not counted.
+WARM_UP_S = 1.0
 # Each repetition of the Kafka floor's latency run lasts at most this long.
 FLOOR_S = 2.0
 
@@ -552,20 +555,63 @@ def _stage_times(url: str) -> dict[str, tuple[float, float]]:
     return {row[0]: (float(row[1]), float(row[2])) for row in rows}
 
 
-async def _paced(
-    producer: AIOKafkaProducer, topic: str, events: list[SignedEvent], rate: int
-) -> dict[str, float]:
-    """Send ``events`` at ``rate``/s, each when it is due; return when each was sent."""
-    sent: dict[str, float] = {}
-    started = time.perf_counter()
-    for i, (correlation, key, headers, value) in enumerate(events):
-        due = started + i / rate
-        now = time.perf_counter()
-        if due > now:
-            await asyncio.sleep(due - now)
-        sent[correlation] = time.time()
-        await producer.send(topic, value, key=key, headers=headers)
-    return sent
+# The latency runs' producer, librdkafka's (confluent-kafka): the load generator shares
+# the machine with what it measures, and aiokafka sending one record at a time (linger 0)
+# took half a core at 2,000/s, as much as the daemon, where librdkafka, in a thread of
+# its own and releasing the GIL, takes a few per cent. Idempotent, acks=all, no linger, as
+# a producer that cares about latency and loss would be set; and without Nagle's delay,
+# which librdkafka leaves on by default (asyncio, and so aiokafka, turns it off), and which
+# held records back until the broker acknowledged the previous ones.
+_PACED_PRODUCER = {
+    "enable.idempotence": True, "acks": "all", "linger.ms": 0, "socket.nagle.disable": True,
+}  # fmt: skip
+
+
+class _PacedProducer:
+    """Sends a first event at once (which also connects the producer and gets its
+    producer id: a schedule started on a new producer charges that to its first events),
+    then the rest at a rate. The calls block: run them in a thread."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self._producer = confluent_kafka.Producer(
+            {"bootstrap.servers": bootstrap, **_PACED_PRODUCER}
+        )
+        self._failures: list[object] = []
+
+    def _delivered(self, error: object, _message: object) -> None:
+        if error is not None:
+            self._failures.append(error)
+
+    def _produce(self, topic: str, event: SignedEvent) -> float:
+        _correlation, key, headers, value = event
+        as_sent: list[tuple[str, str | bytes | None]] = list(headers)
+        at = time.time()
+        self._producer.produce(topic, value, key, headers=as_sent, on_delivery=self._delivered)
+        self._producer.poll(0)
+        return at
+
+    def _flush(self) -> None:
+        unsent = self._producer.flush(60)
+        if unsent or self._failures:
+            raise RuntimeError(f"{unsent} events unsent; errors: {self._failures[:3]}")
+
+    def send_now(self, topic: str, event: SignedEvent) -> None:
+        self._produce(topic, event)
+        self._flush()
+
+    def paced(self, topic: str, events: list[SignedEvent], rate: int) -> dict[str, float]:
+        """Send ``events`` at ``rate``/s, each when it is due; return when each was sent."""
+        sent: dict[str, float] = {}
+        started = time.perf_counter()
+        for i, event in enumerate(events):
+            # Pacing to a schedule, not a wait for a condition: each event has its time.
+            due = started + i / rate
+            now = time.perf_counter()
+            if due > now:
+                time.sleep(due - now)
+            sent[event[0]] = self._produce(topic, event)
+        self._flush()
+        return sent
 
 
 async def _resumes_until(
@@ -584,38 +630,39 @@ async def latency(env: Env, rate: int, seconds: float, preload_rows: int = 0) ->
     percentiles, of the whole path and of its stages (see STAGES).
 
     The clock starts once a first event's resume has come back (the daemon has joined its
-    group and every stage has run once): a condition, not a guessed sleep."""
+    group and every stage has run once: a condition, not a guessed sleep) and a further
+    WARM_UP_S of events at the same rate have been sent. Those are not counted: in a
+    daemon's first half-second at a new rate its connections still prepare their
+    statements and its fetches and batches find their size, and stalls of 100-300 ms
+    there made the p99 of a whole run depend on its first moments."""
     url = env.fresh_db()
     preload(url, preload_rows)
     count = int(rate * seconds)
-    warm_up, *events = signed_events(count + 1)
-    await register_waits(url, [c for c, *_ in [warm_up, *events]])
+    warm = int(rate * WARM_UP_S)
+    first, *events = signed_events(1 + warm + count)
+    await register_waits(url, [c for c, *_ in [first, *events]])
     events_topic, resume_topic = await env.topic("events"), await env.topic("resumes")
     daemon = Daemon(_daemon_env(env, url, events_topic, resume_topic))
     resumed: dict[str, float] = {}
     resumes = AIOKafkaConsumer(
         resume_topic, bootstrap_servers=env.kafka, group_id=None, auto_offset_reset="earliest"
     )
-    producer = AIOKafkaProducer(
-        bootstrap_servers=env.kafka, enable_idempotence=True, acks="all", linger_ms=0
-    )
+    producer = _PacedProducer(env.kafka)
     await resumes.start()
-    await producer.start()
     try:
-        await producer.send_and_wait(events_topic, warm_up[3], key=warm_up[1], headers=warm_up[2])
+        await asyncio.to_thread(producer.send_now, events_topic, first)
         await _resumes_until(resumes, resumed, lambda: bool(resumed), 60)
         if not resumed:
             raise RuntimeError("the daemon published no resume within 60 s")
-        sent = await _paced(producer, events_topic, events, rate)
-        await _resumes_until(resumes, resumed, lambda: len(resumed) > count, 60)
+        sent = await asyncio.to_thread(producer.paced, events_topic, events, rate)
+        await _resumes_until(resumes, resumed, lambda: len(resumed) > warm + count, 60)
     finally:
-        await producer.stop()
         await resumes.stop()
         daemon.stop()
     stages = _stage_times(url)
     whole: list[float] = []
     parts: dict[str, list[float]] = {name: [] for name in STAGES}
-    for correlation, sent_at in sent.items():
+    for correlation, sent_at in list(sent.items())[warm:]:
         if correlation not in resumed:
             continue
         whole.append(resumed[correlation] - sent_at)
@@ -628,8 +675,10 @@ async def latency(env: Env, rate: int, seconds: float, preload_rows: int = 0) ->
         figures |= {f"{name}_{k}_ms": v for k, v in _percentiles(values).items()}
     step = max(1, len(whole) // 1000)
     return figures | {
-        "received": len(whole),
-        "sent": count,
+        # Of every event sent, the warm-up's too: a resume lost there is lost all the same.
+        "received": sum(1 for correlation in sent if correlation in resumed),
+        "sent": len(sent),
+        "measured": len(whole),
         "samples_ms": [1000 * x for x in sorted(whole)[::step]],
     }
 
@@ -643,11 +692,8 @@ async def kafka_latency(env: Env, rate: int, seconds: float) -> dict[str, float]
         topic, bootstrap_servers=env.kafka, group_id=None, auto_offset_reset="earliest",
         isolation_level="read_committed",
     )  # fmt: skip
-    producer = AIOKafkaProducer(
-        bootstrap_servers=env.kafka, enable_idempotence=True, acks="all", linger_ms=0
-    )
+    producer = _PacedProducer(env.kafka)
     await consumer.start()
-    await producer.start()
     fetched: dict[bytes, float] = {}
     first_fetched, all_fetched = asyncio.Event(), asyncio.Event()
 
@@ -664,18 +710,17 @@ async def kafka_latency(env: Env, rate: int, seconds: float) -> dict[str, float]
     reader = asyncio.create_task(read())
     try:
         first = events[0]
-        await producer.send_and_wait(topic, first[3], key=first[1], headers=first[2])
+        await asyncio.to_thread(producer.send_now, topic, first)
         async with asyncio.timeout(60):
             while first[1] not in fetched:
                 first_fetched.clear()
                 await first_fetched.wait()
-        sent = await _paced(producer, topic, events[1:], rate)
+        sent = await asyncio.to_thread(producer.paced, topic, events[1:], rate)
         await asyncio.wait_for(all_fetched.wait(), 60)
     finally:
         reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await reader
-        await producer.stop()
         await consumer.stop()
     keys = {c: k for c, k, *_ in events}
     return _percentiles([fetched[keys[c]] - at for c, at in sent.items()])
