@@ -39,7 +39,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import confluent_kafka
 import psycopg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
@@ -50,6 +49,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from bench.cluster import ClusterUnavailable, private_cluster, replication
+from bench.paced import PacedProducer, SignedEvent
 from bench.peers import PAYLOAD
 from matcher.auth.gate import read
 from matcher.auth.policy import Policy
@@ -197,7 +197,6 @@ class Env:
         return name
 
 
-SignedEvent = tuple[str, bytes, list[tuple[str, bytes]], bytes]  # correlation, key, headers, value
 Step = Callable[[str], None]  # advances the progress bar, with what was just measured
 
 
@@ -555,65 +554,6 @@ def _stage_times(url: str) -> dict[str, tuple[float, float]]:
     return {row[0]: (float(row[1]), float(row[2])) for row in rows}
 
 
-# The latency runs' producer, librdkafka's (confluent-kafka): the load generator shares
-# the machine with what it measures, and aiokafka sending one record at a time (linger 0)
-# took half a core at 2,000/s, as much as the daemon, where librdkafka, in a thread of
-# its own and releasing the GIL, takes a few per cent. Idempotent, acks=all, no linger, as
-# a producer that cares about latency and loss would be set; and without Nagle's delay,
-# which librdkafka leaves on by default (asyncio, and so aiokafka, turns it off), and which
-# held records back until the broker acknowledged the previous ones.
-_PACED_PRODUCER = {
-    "enable.idempotence": True, "acks": "all", "linger.ms": 0, "socket.nagle.disable": True,
-}  # fmt: skip
-
-
-class _PacedProducer:
-    """Sends a first event at once (which also connects the producer and gets its
-    producer id: a schedule started on a new producer charges that to its first events),
-    then the rest at a rate. The calls block: run them in a thread."""
-
-    def __init__(self, bootstrap: str) -> None:
-        self._producer = confluent_kafka.Producer(
-            {"bootstrap.servers": bootstrap, **_PACED_PRODUCER}
-        )
-        self._failures: list[object] = []
-
-    def _delivered(self, error: object, _message: object) -> None:
-        if error is not None:
-            self._failures.append(error)
-
-    def _produce(self, topic: str, event: SignedEvent) -> float:
-        _correlation, key, headers, value = event
-        as_sent: list[tuple[str, str | bytes | None]] = list(headers)
-        at = time.time()
-        self._producer.produce(topic, value, key, headers=as_sent, on_delivery=self._delivered)
-        self._producer.poll(0)
-        return at
-
-    def _flush(self) -> None:
-        unsent = self._producer.flush(60)
-        if unsent or self._failures:
-            raise RuntimeError(f"{unsent} events unsent; errors: {self._failures[:3]}")
-
-    def send_now(self, topic: str, event: SignedEvent) -> None:
-        self._produce(topic, event)
-        self._flush()
-
-    def paced(self, topic: str, events: list[SignedEvent], rate: int) -> dict[str, float]:
-        """Send ``events`` at ``rate``/s, each when it is due; return when each was sent."""
-        sent: dict[str, float] = {}
-        started = time.perf_counter()
-        for i, event in enumerate(events):
-            # Pacing to a schedule, not a wait for a condition: each event has its time.
-            due = started + i / rate
-            now = time.perf_counter()
-            if due > now:
-                time.sleep(due - now)
-            sent[event[0]] = self._produce(topic, event)
-        self._flush()
-        return sent
-
-
 async def _resumes_until(
     consumer: AIOKafkaConsumer, into: dict[str, float], done: Callable[[], bool], timeout_s: float
 ) -> None:
@@ -647,16 +587,17 @@ async def latency(env: Env, rate: int, seconds: float, preload_rows: int = 0) ->
     resumes = AIOKafkaConsumer(
         resume_topic, bootstrap_servers=env.kafka, group_id=None, auto_offset_reset="earliest"
     )
-    producer = _PacedProducer(env.kafka)
+    producer = PacedProducer(env.kafka, events_topic)
     await resumes.start()
     try:
-        await asyncio.to_thread(producer.send_now, events_topic, first)
+        await producer.send_now(first)
         await _resumes_until(resumes, resumed, lambda: bool(resumed), 60)
         if not resumed:
             raise RuntimeError("the daemon published no resume within 60 s")
-        sent = await asyncio.to_thread(producer.paced, events_topic, events, rate)
+        sent = await producer.paced(events, rate)
         await _resumes_until(resumes, resumed, lambda: len(resumed) > warm + count, 60)
     finally:
+        producer.close()
         await resumes.stop()
         daemon.stop()
     stages = _stage_times(url)
@@ -692,7 +633,7 @@ async def kafka_latency(env: Env, rate: int, seconds: float) -> dict[str, float]
         topic, bootstrap_servers=env.kafka, group_id=None, auto_offset_reset="earliest",
         isolation_level="read_committed",
     )  # fmt: skip
-    producer = _PacedProducer(env.kafka)
+    producer = PacedProducer(env.kafka, topic)
     await consumer.start()
     fetched: dict[bytes, float] = {}
     first_fetched, all_fetched = asyncio.Event(), asyncio.Event()
@@ -710,17 +651,18 @@ async def kafka_latency(env: Env, rate: int, seconds: float) -> dict[str, float]
     reader = asyncio.create_task(read())
     try:
         first = events[0]
-        await asyncio.to_thread(producer.send_now, topic, first)
+        await producer.send_now(first)
         async with asyncio.timeout(60):
             while first[1] not in fetched:
                 first_fetched.clear()
                 await first_fetched.wait()
-        sent = await asyncio.to_thread(producer.paced, topic, events[1:], rate)
+        sent = await producer.paced(events[1:], rate)
         await asyncio.wait_for(all_fetched.wait(), 60)
     finally:
         reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await reader
+        producer.close()
         await consumer.stop()
     keys = {c: k for c, k, *_ in events}
     return _percentiles([fetched[keys[c]] - at for c, at in sent.items()])
