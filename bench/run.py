@@ -99,7 +99,7 @@ QUICK = Plan(
 )  # fmt: skip
 FULL = Plan(
     n=30_000, naive_n=3000, reps=3, rates=[500, 2000], latency_s=15,
-    scale=[0, 100_000, 1_000_000], dbos_n=2000, peer_n=1000, peer_latency_s=2,
+    scale=[0, 100_000, 1_000_000, 10_000_000], dbos_n=2000, peer_n=1000, peer_latency_s=2,
 )  # fmt: skip
 
 # Each peer: its module (run as a process of its own, which starts and stops the peer's
@@ -131,6 +131,7 @@ class Env:
         self.admin_url = os.environ["MATCHER_DATABASE_URL"]
         self.template = f"bench_tpl_{uuid.uuid4().hex[:8]}"
         self.databases: list[str] = []
+        self.preloaded: dict[int, str] = {}  # rows of history -> its template's name
         self.topics: list[str] = []
         self.workdir = Path(tempfile.mkdtemp(prefix="matcher-bench-"))
         self.producers_file = self.workdir / "producers.toml"
@@ -150,20 +151,49 @@ class Env:
         self.admin(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.template)))
         migrate(self.url(self.template))
 
-    def fresh_db(self) -> str:
-        """A new database for the next measurement; the previous one (measured and done
-        with) is dropped first, so the tables of 1M-row runs do not pile up and
-        autovacuum does not work through dozens of dead databases while we measure."""
+    def fresh_db(self, preload_rows: int = 0) -> str:
+        """A new database for the next measurement, holding ``preload_rows`` of history
+        (see preload); the previous one (measured and done with) is dropped first, so the
+        tables of large runs do not pile up and autovacuum does not work through dozens
+        of dead databases while we measure."""
         self._drop(self.databases)
         self.databases = []
         name = f"bench_{uuid.uuid4().hex[:10]}"
+        template = self._template_with(preload_rows)
+        # A preloaded template is copied file by file: WAL_LOG, the default, would write
+        # all of a 10M-row template to the WAL again for every measurement.
+        strategy = sql.SQL(" STRATEGY FILE_COPY" if preload_rows else "")
         self.admin(
-            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                sql.Identifier(name), sql.Identifier(self.template)
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}{}").format(
+                sql.Identifier(name), sql.Identifier(template), strategy
             )
         )
         self.databases.append(name)
         return self.url(name)
+
+    def _template_with(self, preload_rows: int) -> str:
+        """The migrated template, or (made once per size, and kept until drop_preloaded)
+        a copy of it holding ``preload_rows`` of history: preloading 10M rows takes
+        minutes, copying them a fraction of that."""
+        if preload_rows == 0:
+            return self.template
+        name = self.preloaded.get(preload_rows)
+        if name is None:
+            name = f"{self.template}_{preload_rows}"
+            self.admin(
+                sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                    sql.Identifier(name), sql.Identifier(self.template)
+                )
+            )
+            self.preloaded[preload_rows] = name
+            preload(self.url(name), preload_rows)
+        return name
+
+    def drop_preloaded(self) -> None:
+        """Drop the preloaded templates (and the database last cloned from one)."""
+        self._drop([*self.databases, *self.preloaded.values()])
+        self.databases = []
+        self.preloaded = {}
 
     @contextlib.contextmanager
     def kafka_at(self, bootstrap: str) -> Iterator[None]:
@@ -179,7 +209,7 @@ class Env:
 
     async def cleanup(self) -> None:
         await delete_topics({"bootstrap_servers": self.kafka}, self.topics)
-        self._drop([*self.databases, self.template])
+        self._drop([*self.databases, *self.preloaded.values(), self.template])
 
     def _drop(self, names: list[str]) -> None:
         for name in names:
@@ -494,8 +524,7 @@ async def r_matcher(
 ) -> tuple[float, int]:
     """The daemon end to end: (events/s until every resume is published, peak RSS bytes of
     the largest daemon). ``daemons`` processes share the work as one consumer group."""
-    url = env.fresh_db()
-    preload(url, preload_rows)
+    url = env.fresh_db(preload_rows)
     await register_waits(url, [c for c, *_ in events])
     environment = _daemon_env(env, url, topic, await env.topic("resumes"))
     running = [Daemon(environment) for _ in range(daemons)]
@@ -575,8 +604,7 @@ async def latency(env: Env, rate: int, seconds: float, preload_rows: int = 0) ->
     daemon's first half-second at a new rate its connections still prepare their
     statements and its fetches and batches find their size, and stalls of 100-300 ms
     there made the p99 of a whole run depend on its first moments."""
-    url = env.fresh_db()
-    preload(url, preload_rows)
+    url = env.fresh_db(preload_rows)
     count = int(rate * seconds)
     warm = int(rate * WARM_UP_S)
     first, *events = signed_events(1 + warm + count)
@@ -903,6 +931,7 @@ async def _measure_scale(
             for _ in range(plan.reps)
         ]
         runs.setdefault(f"scale_{rows}_p99_ms", []).extend(f["p99_ms"] for f in found)
+        env.drop_preloaded()  # a 10M-row template is gigabytes of disk
         step(f"scale {rows:,}: latency")
 
 
