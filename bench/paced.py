@@ -28,15 +28,17 @@ SignedEvent = tuple[str, bytes, list[tuple[str, bytes]], bytes]  # correlation, 
 PRODUCER_CONFIG = {
     "enable.idempotence": True, "acks": "all", "linger.ms": 0, "socket.nagle.disable": True,
 }  # fmt: skip
-# The longest the child may take to deliver what it was given once its schedule is done.
+# By default, the longest the child may take to deliver what it was given once its
+# schedule is done.
 FLUSH_TIMEOUT_S = 60.0
 
 
 class _Sender:
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    def __init__(self, bootstrap: str, topic: str, flush_timeout_s: float) -> None:
         config = {"bootstrap.servers": bootstrap, **PRODUCER_CONFIG}
         self._producer = confluent_kafka.Producer(config)
         self._topic = topic
+        self._flush_timeout_s = flush_timeout_s
         self._failures: list[str] = []
 
     def _delivered(self, error: object, _message: object) -> None:
@@ -54,7 +56,7 @@ class _Sender:
         return at
 
     def _flush(self) -> None:
-        unsent = self._producer.flush(FLUSH_TIMEOUT_S)
+        unsent = self._producer.flush(self._flush_timeout_s)
         if unsent or self._failures:
             raise RuntimeError(f"{unsent} events unsent; errors: {self._failures[:3]}")
 
@@ -76,10 +78,9 @@ class _Sender:
         return sent
 
 
-def _serve(requests: Connection, answers: Connection, bootstrap: str, topic: str) -> None:
+def _serve(requests: Connection, answers: Connection, sender: _Sender) -> None:
     """The child: a request at a time, ("now", event) or ("paced", events, rate), each
     answered with ("ok", result) or ("error", text); None, or the parent gone, ends it."""
-    sender = _Sender(bootstrap, topic)
     with contextlib.suppress(EOFError):
         while (request := requests.recv()) is not None:
             try:
@@ -98,9 +99,12 @@ class PacedProducer:
     event sent at once (``send_now``) also connects the producer and gets its producer
     id, which a schedule started on a new producer would charge to its first events."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    def __init__(
+        self, bootstrap: str, topic: str, flush_timeout_s: float = FLUSH_TIMEOUT_S
+    ) -> None:
+        self._flush_timeout_s = flush_timeout_s
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "bench.paced", bootstrap, topic],
+            [sys.executable, "-m", "bench.paced", bootstrap, topic, str(flush_timeout_s)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         )  # fmt: skip
         stdin, stdout = self._process.stdin, self._process.stdout
@@ -127,12 +131,12 @@ class PacedProducer:
         return result
 
     async def send_now(self, event: SignedEvent) -> None:
-        await self._ask(("now", event), FLUSH_TIMEOUT_S + 30)
+        await self._ask(("now", event), self._flush_timeout_s + 30)
 
     async def paced(self, events: list[SignedEvent], rate: int) -> dict[str, float]:
         """Send ``events`` at ``rate``/s, each when it is due; return when each was sent."""
         sent: dict[str, float] = await self._ask(
-            ("paced", events, rate), len(events) / rate + FLUSH_TIMEOUT_S + 30
+            ("paced", events, rate), len(events) / rate + self._flush_timeout_s + 30
         )
         return sent
 
@@ -149,12 +153,12 @@ class PacedProducer:
 
 
 def main() -> None:
-    bootstrap, topic = sys.argv[1:3]
+    bootstrap, topic, flush_timeout_s = sys.argv[1:4]
     # Our own descriptors for the pickles; stdout must carry nothing else.
     requests = Connection(os.dup(0), writable=False)
     answers = Connection(os.dup(1), readable=False)
     os.dup2(2, 1)
-    _serve(requests, answers, bootstrap, topic)
+    _serve(requests, answers, _Sender(bootstrap, topic, float(flush_timeout_s)))
 
 
 if __name__ == "__main__":
