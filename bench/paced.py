@@ -130,6 +130,10 @@ class PacedProducer:
             raise RuntimeError(f"the paced producer failed: {result}")
         return result
 
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
     async def send_now(self, event: SignedEvent) -> None:
         await self._ask(("now", event), self._flush_timeout_s + 30)
 

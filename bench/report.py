@@ -59,6 +59,18 @@ def _peer_rows(results: dict[str, Any]) -> list[str]:
     return rows
 
 
+def _cpu_rows(f: dict[str, Any]) -> list[str]:
+    """Where the CPU went: per event in the throughput runs, in cores in the latency runs
+    (see bench/cpu.py); a process left out was not on this machine."""
+    rows = []
+    for key in sorted(k for k in f if k.startswith("cpu_") and f[k] is not None):
+        if key.endswith("_us_per_event"):
+            rows.append(f"| {key} | {f[key]:,.0f} us of CPU per event |")
+        elif key.endswith("_cores"):
+            rows.append(f"| {key} | {f[key]:.2f} cores |")
+    return rows
+
+
 def _ratio_row(results: dict[str, Any], name: str, value: float | None) -> str:
     if value is None:
         return f"| {name} | not measured (see the notes) |"
@@ -77,6 +89,7 @@ def _markdown(results: dict[str, Any]) -> str:
     ]
     for key in sorted(k for k in f if k.startswith("latency_") and isinstance(f[k], float)):
         lines.append(f"| {key} | {f[key]:.1f} ms |")
+    lines += _cpu_rows(f)
     for key in sorted(k for k in f if k.startswith("scale_")):
         unit = "ms" if key.endswith("_ms") else "events/s"
         lines.append(f"| {key} | {f[key]:,.1f} {unit} |")

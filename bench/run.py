@@ -48,6 +48,7 @@ from psycopg.types.json import Jsonb
 from rich.console import Console
 from rich.progress import Progress
 
+from bench import cpu
 from bench.cluster import ClusterUnavailable, private_cluster, replication
 from bench.paced import PacedProducer, SignedEvent
 from bench.peers import PAYLOAD
@@ -91,7 +92,7 @@ class Plan:
 
 
 SMOKE = Plan(
-    n=300, naive_n=60, reps=1, rates=[200], latency_s=1, scale=[0, 2000], dbos_n=30, rf3=False
+    n=1200, naive_n=60, reps=1, rates=[200], latency_s=1, scale=[0, 2000], dbos_n=30, rf3=False
 )
 QUICK = Plan(
     n=4000, naive_n=500, reps=3, rates=[500, 2000], latency_s=5, scale=[0, 100_000], dbos_n=300,
@@ -133,6 +134,8 @@ class Env:
         self.databases: list[str] = []
         self.preloaded: dict[int, str] = {}  # rows of history -> its template's name
         self.topics: list[str] = []
+        # The CPU of the Postgres and Kafka servers, where they run on this machine.
+        self.server_cpu = cpu.server_readers(self.admin_url, self.kafka)
         self.workdir = Path(tempfile.mkdtemp(prefix="matcher-bench-"))
         self.producers_file = self.workdir / "producers.toml"
         self.producers_file.write_text(
@@ -228,6 +231,7 @@ class Env:
 
 
 Step = Callable[[str], None]  # advances the progress bar, with what was just measured
+CpuUse = dict[str, float]  # process -> microseconds of CPU per event
 
 
 def signed_events(count: int) -> list[SignedEvent]:
@@ -393,16 +397,27 @@ async def r_pg(env: Env, records: list[Any]) -> float:
         return len(records) / (time.perf_counter() - started)
 
 
-async def r_pipe(env: Env, topic: str, n: int) -> float:
+async def r_pipe(env: Env, topic: str, n: int, cpu_use: CpuUse | None = None) -> float:
+    """Kafka to Postgres with nothing in between: a batch read, inserted, committed, and
+    its offsets committed. ``cpu_use`` gets the CPU per event of each process, from the
+    first batch on (the client is this process)."""
     url = env.fresh_db()
+    meter = cpu.Meter({**env.server_cpu, "client": cpu.own_cpu_s}, time.perf_counter)
     async with await psycopg.AsyncConnection.connect(url) as conn:
 
         async def handle(consumer: AIOKafkaConsumer, records: list[Any]) -> None:
+            if not handled:
+                meter.start()
+                handled.append(True)
             await conn.execute(_INSERT, _rows(records))
             await conn.commit()
             await consumer.commit(_offsets(records))
 
-        return n / await consume(env, topic, n, handle)
+        handled: list[bool] = []
+        rate = n / await consume(env, topic, n, handle)
+        if cpu_use is not None:
+            cpu_use.update(meter.stop().us_per_event(n))
+        return rate
 
 
 async def r_naive(env: Env, topic: str, events: list[Any], n: int) -> float:
@@ -519,18 +534,46 @@ def _first_stored(url: str, topic: str) -> float:
     return float(row[0])
 
 
+def _stored_count(conn: psycopg.Connection[Any]) -> int | None:
+    """How many events are stored, once there is one (None before): the CPU meter of a
+    throughput run starts with the first stored batch, as its clock does."""
+    row = conn.execute("SELECT count(*) FROM matcher.inbox HAVING count(*) > 0").fetchone()
+    return None if row is None else int(row[0])
+
+
 async def r_matcher(
-    env: Env, topic: str, events: list[Any], preload_rows: int = 0, daemons: int = 1
+    env: Env,
+    topic: str,
+    events: list[Any],
+    preload_rows: int = 0,
+    daemons: int = 1,
+    cpu_use: CpuUse | None = None,
 ) -> tuple[float, int]:
     """The daemon end to end: (events/s until every resume is published, peak RSS bytes of
-    the largest daemon). ``daemons`` processes share the work as one consumer group."""
+    the largest daemon). ``daemons`` processes share the work as one consumer group.
+    ``cpu_use`` gets the CPU per event of each process, from the first stored batch on
+    (the events stored before the meter started are not counted in it; it stays empty
+    when the first batch held them all)."""
     url = env.fresh_db(preload_rows)
     await register_waits(url, [c for c, *_ in events])
     environment = _daemon_env(env, url, topic, await env.topic("resumes"))
     running = [Daemon(environment) for _ in range(daemons)]
+    meter = cpu.Meter(
+        {
+            **env.server_cpu,
+            "daemon": lambda: cpu.processes_cpu_s(d.process.pid for d in running),
+            "bench": cpu.own_cpu_s,
+        },
+        time.perf_counter,
+    )
+    stored_at_start: int | None = None
     try:
         with psycopg.connect(url, autocommit=True) as conn:
             while not _all_published(conn, len(events)):
+                if stored_at_start is None:
+                    stored_at_start = _stored_count(conn)
+                    if stored_at_start is not None:
+                        meter.start()
                 refused = conn.execute("SELECT count(*) FROM matcher.quarantine").fetchone()
                 if refused and refused[0]:
                     raise RuntimeError(f"{refused[0]} benchmark events were quarantined")
@@ -542,6 +585,9 @@ async def r_matcher(
                         )
                 await asyncio.sleep(0.02)
         finished = time.time()
+        counted = len(events) - (stored_at_start or len(events))
+        if cpu_use is not None and counted > 0:
+            cpu_use.update(meter.stop().us_per_event(counted))
         rss = max(daemon.peak_rss() for daemon in running)
     finally:
         for daemon in running:
@@ -610,24 +656,36 @@ async def latency(env: Env, rate: int, seconds: float, preload_rows: int = 0) ->
     first, *events = signed_events(1 + warm + count)
     await register_waits(url, [c for c, *_ in [first, *events]])
     events_topic, resume_topic = await env.topic("events"), await env.topic("resumes")
-    daemon = Daemon(_daemon_env(env, url, events_topic, resume_topic))
     resumed: dict[str, float] = {}
-    resumes = AIOKafkaConsumer(
-        resume_topic, bootstrap_servers=env.kafka, group_id=None, auto_offset_reset="earliest"
-    )
-    producer = PacedProducer(env.kafka, events_topic)
-    await resumes.start()
-    try:
+    # Each process is stopped however the run ends, the last started first.
+    async with contextlib.AsyncExitStack() as started:
+        daemon = Daemon(_daemon_env(env, url, events_topic, resume_topic))
+        started.callback(daemon.stop)
+        producer = PacedProducer(env.kafka, events_topic)
+        started.callback(producer.close)
+        resumes = AIOKafkaConsumer(
+            resume_topic, bootstrap_servers=env.kafka, group_id=None,
+            auto_offset_reset="earliest",
+        )  # fmt: skip
+        await resumes.start()
+        started.push_async_callback(resumes.stop)
+        meter = cpu.Meter(
+            {
+                **env.server_cpu,
+                "daemon": lambda: cpu.process_cpu_s(daemon.process.pid),
+                # The load generator and the resume reader.
+                "bench": lambda: cpu.own_cpu_s() + cpu.process_cpu_s(producer.pid),
+            },
+            time.perf_counter,
+        )
         await producer.send_now(first)
         await _resumes_until(resumes, resumed, lambda: bool(resumed), 60)
         if not resumed:
             raise RuntimeError("the daemon published no resume within 60 s")
+        meter.start()
         sent = await producer.paced(events, rate)
         await _resumes_until(resumes, resumed, lambda: len(resumed) > warm + count, 60)
-    finally:
-        producer.close()
-        await resumes.stop()
-        daemon.stop()
+        window = meter.stop()
     stages = _stage_times(url)
     whole: list[float] = []
     parts: dict[str, list[float]] = {name: [] for name in STAGES}
@@ -643,7 +701,10 @@ async def latency(env: Env, rate: int, seconds: float, preload_rows: int = 0) ->
     for name, values in parts.items():
         figures |= {f"{name}_{k}_ms": v for k, v in _percentiles(values).items()}
     step = max(1, len(whole) // 1000)
+    cores = window.cores()
     return figures | {
+        # What each process used of the machine while the events were sent and resumed.
+        "cpu_cores": cores | {"total": sum(cores.values())},
         # Of every event sent, the warm-up's too: a resume lost there is lost all the same.
         "received": sum(1 for correlation in sent if correlation in resumed),
         "sent": len(sent),
@@ -654,15 +715,21 @@ async def latency(env: Env, rate: int, seconds: float, preload_rows: int = 0) ->
 
 async def kafka_latency(env: Env, rate: int, seconds: float) -> dict[str, float]:
     """The floor under matcher's latency: the same events at the same rate from the same
-    producer to a plain read_committed consumer, sent -> fetched, nothing in between."""
+    producer to a plain read_committed consumer, sent -> fetched, nothing in between.
+    Measured as matcher's is: the first WARM_UP_S of events at the rate are not counted."""
     topic = await env.topic("events")
-    events = signed_events(int(rate * seconds) + 1)
+    warm = int(rate * WARM_UP_S)
+    events = signed_events(1 + warm + int(rate * seconds))
+    producer = PacedProducer(env.kafka, topic)
     consumer = AIOKafkaConsumer(
         topic, bootstrap_servers=env.kafka, group_id=None, auto_offset_reset="earliest",
         isolation_level="read_committed",
     )  # fmt: skip
-    producer = PacedProducer(env.kafka, topic)
-    await consumer.start()
+    try:
+        await consumer.start()
+    except BaseException:
+        producer.close()
+        raise
     fetched: dict[bytes, float] = {}
     first_fetched, all_fetched = asyncio.Event(), asyncio.Event()
 
@@ -693,7 +760,7 @@ async def kafka_latency(env: Env, rate: int, seconds: float) -> dict[str, float]
         producer.close()
         await consumer.stop()
     keys = {c: k for c, k, *_ in events}
-    return _percentiles([fetched[keys[c]] - at for c, at in sent.items()])
+    return _percentiles([fetched[keys[c]] - at for c, at in list(sent.items())[warm:]])
 
 
 def r_dbos(env: Env, count: int) -> float:
@@ -826,12 +893,17 @@ async def _throughput_repetition(
     """One of every throughput figure, appended to ``runs``."""
     runs.setdefault("r_kafka", []).append(await r_kafka(env, work.topic, plan.n))
     runs.setdefault("r_pg", []).append(await r_pg(env, work.records))
-    runs.setdefault("r_pipe", []).append(await r_pipe(env, work.topic, plan.n))
+    pipe_cpu: CpuUse = {}
+    runs.setdefault("r_pipe", []).append(await r_pipe(env, work.topic, plan.n, pipe_cpu))
     runs.setdefault("r_naive", []).append(
         await r_naive(env, work.naive_topic, work.naive_events, plan.naive_n)
     )
-    rate, rss = await r_matcher(env, work.topic, work.events)
+    matcher_cpu: CpuUse = {}
+    rate, rss = await r_matcher(env, work.topic, work.events, cpu_use=matcher_cpu)
     runs.setdefault("r_matcher", []).append(rate)
+    for name, use in (("pipe", pipe_cpu), ("matcher", matcher_cpu)):
+        for process, us in use.items():
+            runs.setdefault(f"cpu_{name}_{process}_us_per_event", []).append(us)
     runs.setdefault("rss_bytes", []).append(float(rss))
     runs.setdefault("r_dbos", []).append(r_dbos(env, plan.dbos_n))
     for daemons in (2, 3):
@@ -906,6 +978,9 @@ async def _measure_latency(
         for k in found[0]:
             if k.endswith("_ms") and k != "samples_ms":
                 runs.setdefault(f"latency_{rate}_{k}", []).extend(f[k] for f in found)
+        for f in found:
+            for process, cores in f["cpu_cores"].items():
+                runs.setdefault(f"cpu_latency_{rate}_{process}_cores", []).append(cores)
         for _ in range(plan.reps):
             floor = await kafka_latency(env, rate, min(plan.latency_s, FLOOR_S))
             for k, v in floor.items():

@@ -43,5 +43,13 @@ def test_bench_smoke_produces_every_figure(services: Services, tmp_path: Path) -
     for stage in ("", "stored_", "claimed_", "published_"):
         assert figures[f"latency_200_{stage}p99_ms"] > 0, stage
     assert 0 < figures["latency_kafka_200_p50_ms"] < figures["latency_200_p50_ms"]
+    # Where the CPU went (bench/cpu.py): every process of the run, the servers found by
+    # the ports they listen on.
+    for process in ("daemon", "postgres", "kafka", "bench"):
+        assert figures[f"cpu_matcher_{process}_us_per_event"] > 0, process
+        assert figures[f"cpu_latency_200_{process}_cores"] > 0, process
+    for process in ("postgres", "kafka", "client"):
+        assert figures[f"cpu_pipe_{process}_us_per_event"] > 0, process
+    assert "us of CPU per event" in (tmp_path / "results.md").read_text()
     assert (tmp_path / "results.md").read_text().startswith("| figure |")
     assert (tmp_path / "results.png").stat().st_size > 10_000
