@@ -323,11 +323,19 @@ def run_cli(
     )
 
 
+# A test's own queries are blocking calls, often made from an async test whose daemon
+# runs on the same event loop: one that waited for a lock the daemon holds would wait for
+# ever (the daemon cannot commit while the loop is blocked), and a signal-based test
+# timeout cannot interrupt it. Past these it fails instead.
+TEST_QUERY_BOUNDS = "-c lock_timeout=30s -c statement_timeout=120s"
+
+
 @contextlib.contextmanager
 def db(settings: Settings) -> Iterator[psycopg.Connection[dict[str, Any]]]:
     with psycopg.connect(
-        settings.database_url.get_secret_value(), autocommit=True, row_factory=dict_row
-    ) as conn:
+        settings.database_url.get_secret_value(), autocommit=True, row_factory=dict_row,
+        connect_timeout=10, options=TEST_QUERY_BOUNDS,
+    ) as conn:  # fmt: skip
         yield conn
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 import pytest
@@ -18,6 +19,7 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from matcher.config import Settings
+from matcher.daemon import janitor
 from matcher.daemon.janitor import tidy_once
 from matcher.domain.events import CompletionEvent
 from matcher.domain.waits import WaitSpec
@@ -189,8 +191,15 @@ async def test_one_event_id_in_concurrent_batches_is_stored_once(settings: Setti
     assert {r["event_id"]: r["n"] for r in copies} == dict.fromkeys(ids, 1)
 
 
+def _drop_days(settings: Settings, names: set[str]) -> None:
+    with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as c:
+        c.execute("SET lock_timeout = '30s'")  # a lock never granted fails the test
+        for name in names:
+            c.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier("matcher", name)))
+
+
 async def test_ingest_creates_a_missing_day_instead_of_refusing_events(
-    settings: Settings, caplog: pytest.LogCaptureFixture
+    settings: Settings, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """If every janitor was down for days, today's partition may not exist: ingest must
     create it and store the events, not quarantine them as refused data."""
@@ -206,13 +215,24 @@ async def test_ingest_creates_a_missing_day_instead_of_refusing_events(
             ),
         )
     slow_janitor = settings.model_copy(update={"janitor_interval_s": 3600.0})
+    # The janitor's first pass (at start) must be over, days made and expired ones
+    # dropped, before the test drops every day: its next pass is an hour away.
+    tidied = asyncio.Event()
+    original = janitor.tidy_once
+
+    async def tidy_and_tell(*args: Any, **kwargs: Any) -> tuple[int, int]:
+        try:
+            return await original(*args, **kwargs)
+        finally:
+            tidied.set()
+
+    monkeypatch.setattr(janitor, "tidy_once", tidy_and_tell)
     async with running_daemon(slow_janitor):
-        # The janitor's first pass (at start) has run; drop every day after it.
-        await eventually(lambda: _day_of(settings, 0) in _attached_days(settings), timeout=30)
-        await asyncio.sleep(1)
-        with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as c:
-            for name in _attached_days(settings):
-                c.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier("matcher", name)))
+        await asyncio.wait_for(tidied.wait(), 30)
+        assert _day_of(settings, 0) in _attached_days(settings)
+        # In a thread: a DROP waits for the daemon's transactions on the inbox (its
+        # rematch pass may hold one), and they need this event loop to commit.
+        await asyncio.to_thread(_drop_days, settings, _attached_days(settings))
         assert _attached_days(settings) == set()
         await produce(settings, [event(correlation="missing-day"), event()])
         await eventually(
