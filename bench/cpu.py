@@ -147,6 +147,10 @@ class Meter:
                 continue  # a process that is gone has no figure for this window
         return values
 
+    @property
+    def started(self) -> bool:
+        return self._started is not None
+
     def start(self) -> None:
         self._started = (self._clock(), self._read())
 

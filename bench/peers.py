@@ -1,6 +1,6 @@
 """What the peers' modules share: the payload every system is given, free ports, the peer
 servers' processes (started, waited for by condition, stopped however the run ends), their
-CPU time read from /proc, and latency percentiles.
+CPU time (read by bench.cpu), and latency percentiles.
 
 A peer module runs as its own process (``python -m bench.<peer>_peer``) and prints one JSON
 object as its last line: ``{"runs": {name: [values]}, "figures": {...}, "notes": [...]}``.
@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -21,6 +20,8 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from bench.cpu import process_cpu_s
 
 # The payload of every event, for matcher and its peers alike.
 PAYLOAD: dict[str, Any] = {
@@ -30,7 +31,6 @@ PAYLOAD: dict[str, Any] = {
 }
 # Requests (signals, resolutions, starts) in flight at once from the load generator.
 CONCURRENCY = 64
-_TICK = os.sysconf("SC_CLK_TCK")
 
 
 class PeerUnavailable(Exception):
@@ -41,19 +41,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of process ``pid`` (all its threads), in seconds."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    # After the command: state is field 3, utime 14 and stime 15 (1-based, man 5 proc).
-    return (int(fields[11]) + int(fields[12])) / _TICK
-
-
-def own_cpu_seconds() -> float:
-    t = os.times()
-    return t.user + t.system
 
 
 class Server:
@@ -89,7 +76,7 @@ class Server:
             raise PeerUnavailable(f"{self.name} exited {code}: {self.tail()}")
 
     def cpu(self) -> float:
-        return cpu_seconds(self.process.pid)
+        return process_cpu_s(self.process.pid)
 
     def stop(self, timeout: float = 30.0) -> None:
         if self.process.poll() is None:

@@ -33,6 +33,7 @@ from typing import Any
 
 import httpx
 
+from bench.cpu import own_cpu_s
 from bench.peers import (
     CONCURRENCY,
     PAYLOAD,
@@ -40,7 +41,6 @@ from bench.peers import (
     Server,
     bounded,
     free_port,
-    own_cpu_seconds,
     paced,
     peer_main,
     percentiles,
@@ -160,11 +160,11 @@ class Restate:
         return {
             "seconds": max(ends.values()) - started, "server_cpu_s": server,
             "server_cores": server / wall, "service_cpu_s": service,
-            "service_cores": service / wall, "client_cpu_s": own_cpu_seconds() - cpu0[2],
+            "service_cores": service / wall, "client_cpu_s": own_cpu_s() - cpu0[2],
         }  # fmt: skip
 
     def _cpu(self) -> tuple[float, ...]:
-        return (self.server.cpu(), self.service.cpu(), own_cpu_seconds())
+        return (self.server.cpu(), self.service.cpu(), own_cpu_s())
 
     async def promises(self, n: int) -> dict[str, float]:
         prefix, keys = await self.start_runs("BenchWaiter", n)

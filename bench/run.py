@@ -406,14 +406,12 @@ async def r_pipe(env: Env, topic: str, n: int, cpu_use: CpuUse | None = None) ->
     async with await psycopg.AsyncConnection.connect(url) as conn:
 
         async def handle(consumer: AIOKafkaConsumer, records: list[Any]) -> None:
-            if not handled:
+            if not meter.started:
                 meter.start()
-                handled.append(True)
             await conn.execute(_INSERT, _rows(records))
             await conn.commit()
             await consumer.commit(_offsets(records))
 
-        handled: list[bool] = []
         rate = n / await consume(env, topic, n, handle)
         if cpu_use is not None:
             cpu_use.update(meter.stop().us_per_event(n))

@@ -28,13 +28,13 @@ from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
+from bench.cpu import own_cpu_s
 from bench.peers import (
     PAYLOAD,
     PeerUnavailable,
     Server,
     bounded,
     free_port,
-    own_cpu_seconds,
     paced,
     peer_main,
     percentiles,
@@ -122,7 +122,7 @@ class Peer:
         """Once every workflow completed: the CPU since ``cpu0``, read before the close
         times are asked for, and the seconds from ``started`` to the last close."""
         await bounded(len(handles), lambda i: handles[i].result())
-        server, own = self.server.cpu() - cpu0[0], own_cpu_seconds() - cpu0[1]
+        server, own = self.server.cpu() - cpu0[0], own_cpu_s() - cpu0[1]
         wall = time.time() - started
         ends = await self.close_times(handles)
         return {
@@ -132,14 +132,14 @@ class Peer:
 
     async def signals(self, n: int) -> dict[str, float]:
         handles = await self.start_waiters(n)
-        cpu0 = (self.server.cpu(), own_cpu_seconds())
+        cpu0 = (self.server.cpu(), own_cpu_s())
         started = time.time()
         await bounded(n, lambda i: handles[i].signal(Waiter.completion, PAYLOAD))
         return await self._window(started, cpu0, handles)
 
     async def signal_with_start(self, n: int) -> dict[str, float]:
         prefix = uuid.uuid4().hex[:8]
-        cpu0 = (self.server.cpu(), own_cpu_seconds())
+        cpu0 = (self.server.cpu(), own_cpu_s())
         started = time.time()
         handles: list[Handle] = await bounded(
             n,

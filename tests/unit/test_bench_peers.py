@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from bench import run
-from bench.peers import cpu_seconds, percentiles
+from bench.cpu import process_cpu_s as cpu_seconds
+from bench.peers import percentiles
 
 
 def _plan() -> run.Plan:
