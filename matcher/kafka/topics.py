@@ -82,7 +82,34 @@ async def ensure_topics(
             elif code != TopicAlreadyExistsError.errno:  # lost a race with another migrate
                 message = topic_error[2] if len(topic_error) > 2 else ""
                 raise RuntimeError(f"could not create topic {name!r}: error {code} {message}")
+        await _until_led(admin, missing)
         return created
+
+
+async def _until_led(admin: AIOKafkaAdminClient, names: list[str]) -> None:
+    """Return once the broker's metadata has every one of ``names`` with a leader for
+    each partition (bounded by the admin block's timeout).
+
+    CreateTopics answers when the controller has the topic, before the brokers' metadata
+    caches do: a `matcher run` (or a test) straight after could still be told the topic
+    does not exist, and refuse to start.
+    """
+    delay = 0.05
+    while True:
+        described = await admin.describe_topics(names)
+        if all(_led(topic) for topic in described) and len(described) >= len(names):
+            return
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 1.0)
+
+
+def _led(topic: Mapping[str, Any]) -> bool:
+    partitions = topic.get("partitions") or []
+    return (
+        topic.get("error_code") == 0
+        and bool(partitions)
+        and all(p.get("leader", -1) >= 0 for p in partitions)
+    )
 
 
 def min_insync_replicas(replication_factor: int) -> int | None:

@@ -981,6 +981,7 @@ async def test_a_failing_dead_letter_topic_does_not_stall_ingest(secure: Setting
         async with running_daemon(s) as task:
             await produce_raw(s, [_message(warm_record)])
             await eventually(_alive_and(task, lambda: _resolved(s, warm_wait)), timeout=60)
+            assert not task.done(), "the daemon stopped before the dead-letter topic was deleted"
             await delete_topics(s.kafka_client_options(), [letters])
             started = time.monotonic()
             await produce_raw(s, [*invalid, _message(valid_record)])
