@@ -130,7 +130,7 @@ $$;
 --
 
 CREATE FUNCTION matcher.rfc3339(ts timestamp with time zone) RETURNS text
-    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    LANGUAGE sql STABLE STRICT PARALLEL SAFE
     RETURN to_char((ts AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'::text);
 
 
