@@ -92,7 +92,9 @@ async def _until_led(admin: AIOKafkaAdminClient, names: list[str]) -> None:
 
     CreateTopics answers when the controller has the topic, before the brokers' metadata
     caches do: a `matcher run` (or a test) straight after could still be told the topic
-    does not exist, and refuse to start.
+    does not exist, and refuse to start. This asks one broker; on a cluster another may
+    learn of the topic a moment later (the daemon's start check then fails with a clear
+    message, and a restart succeeds).
     """
     delay = 0.05
     while True:
