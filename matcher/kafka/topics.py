@@ -98,8 +98,8 @@ async def _until_led(admin: AIOKafkaAdminClient, names: list[str]) -> None:
     """
     delay = 0.05
     while True:
-        described = await admin.describe_topics(names)
-        if all(_led(topic) for topic in described) and len(described) >= len(names):
+        led = {topic.get("topic") for topic in await admin.describe_topics(names) if _led(topic)}
+        if led.issuperset(names):
             return
         await asyncio.sleep(delay)
         delay = min(delay * 2, 1.0)

@@ -22,10 +22,10 @@ class _Admin:
         return answer
 
 
-def _topic(error: int, leaders: list[int]) -> dict[str, Any]:
+def _topic(error: int, leaders: list[int], name: str = "t") -> dict[str, Any]:
     return {
         "error_code": error,
-        "topic": "t",
+        "topic": name,
         "partitions": [{"partition": i, "leader": leader} for i, leader in enumerate(leaders)],
     }
 
@@ -53,6 +53,9 @@ async def test_waits_until_every_topic_is_led() -> None:
 
 
 async def test_a_short_answer_is_not_taken_for_all_topics() -> None:
-    admin = _Admin([[_topic(0, [1])], [_topic(0, [1]), _topic(0, [1])]])
+    # One topic, then the same topic twice (as many entries as names, not the names), then both.
+    admin = _Admin(
+        [[_topic(0, [1])], [_topic(0, [1]), _topic(0, [1])], [_topic(0, [1]), _topic(0, [1], "u")]]
+    )
     await topics._until_led(admin, ["t", "u"])
-    assert admin.calls == 2
+    assert admin.calls == 3
