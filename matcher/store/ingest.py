@@ -79,8 +79,9 @@ class ConcurrentInsert(Exception):
     """Fewer rows were stored than decided: another transaction stored one of our events
     between our check and our insert.
 
-    The event-key locks make this impossible; it stays as a guard (the batch is retried,
-    and the event is then seen as the duplicate it is) rather than a silent assumption.
+    Claiming the ids first (matcher.event_ids) makes this impossible; it stays as a guard
+    (the batch is retried, and the event is then seen as the duplicate it is) rather than
+    a silent assumption.
     """
 
 
@@ -257,12 +258,14 @@ async def _decide(conn: AsyncConn, pipeline: Any, events: list[NewEvent]) -> _De
         "producer": [e.producer for e in events],
         "event_id": [e.event_id for e in events],
     }
-    await conn.execute(query("ingest", "lock_keys"), keys | ids)
-    stored_cur = await conn.execute(query("ingest", "stored_events"), ids)
+    await conn.execute(query("ingest", "lock_wait_keys"), keys)
+    claimed_cur = await conn.execute(query("ingest", "claim_event_ids"), ids)
     waits_cur = await conn.execute(query("ingest", "waits_for_keys"), keys)
     queued_cur = await conn.execute(query("ingest", "queued_keys"), keys)
     await pipeline.sync()
-    stored = {(row[0], row[1]) for row in await stored_cur.fetchall()}
+    claimed = {(row[0], row[1]) for row in await claimed_cur.fetchall()}
+    # Every id of the batch not claimed now was stored before: a duplicate.
+    stored = {e.event_key for e in events} - claimed
     waits, busy = wait_views(await waits_cur.fetchall())
     queued = {(row[0], row[1]) for row in await queued_cur.fetchall()}
     decision = decide_batch(events, stored, waits, deferred=busy | queued)

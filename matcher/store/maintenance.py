@@ -1,8 +1,10 @@
 """Upkeep of the inbox and the quarantine: expiry, day partitions, retention.
 
 The inbox is partitioned by day of arrival. A day is dropped whole once all of it is
-older than retention + purge window (the dedupe window), so purging costs the same at any
-volume and leaves no dead rows for vacuum. Days are also created ahead of need. The
+older than retention + purge window (the dedupe window), so purging the events leaves no
+dead rows for vacuum. Their ids (matcher.event_ids, one row per event across all days,
+which keeps (producer, event id) unique) are deleted first, in bounded batches: that
+narrow table is the one vacuum works on. Days are also created ahead of need. The
 janitor loop (matcher.daemon.janitor) calls these; ingest calls ``ensure_days`` when it
 meets a missing day.
 """
@@ -94,8 +96,43 @@ async def _drop_day(
     day = sql.Identifier("matcher", name)
     cur = await conn.execute(sql.SQL(query("maintenance", "count_day")).format(day=day))
     counted = await cur.fetchone()
+    await _forget_day_ids(conn, day, starts, ends)
     detach = "finish_detach_day" if detach_pending else "detach_day"
     await conn.execute(sql.SQL(query("maintenance", detach)).format(day=day))
     await conn.execute(sql.SQL(query("maintenance", "drop_day")).format(day=day))
     log.info("inbox day dropped", extra={"partition": name})
     return int(counted[0]) if counted else 0
+
+
+async def _forget_day_ids(
+    conn: AsyncConn, day: sql.Identifier, starts: Any, ends: Any, limit: int = 5000
+) -> int:
+    """Delete the day's rows of matcher.event_ids, ``limit`` at a time (each batch its own
+    transaction, so the delete never holds many locks or one long snapshot); return how
+    many were deleted.
+
+    Done while the day is still attached: a janitor interrupted here finds the day again
+    next time and carries on (deleting is idempotent). The keyset starts below every
+    pair: the gate refuses an empty source or id.
+    """
+    statement = sql.SQL(query("maintenance", "forget_day_ids")).format(day=day)
+    after = ("", "")
+    forgotten = 0
+    while True:
+        cur = await conn.execute(
+            statement,
+            {
+                "after_producer": after[0],
+                "after_event_id": after[1],
+                "limit": limit,
+                "starts": starts,
+                "ends": ends,
+            },
+        )
+        row = await cur.fetchone()
+        if row is None:
+            return forgotten
+        after = (row[0], row[1])
+        forgotten += int(row[3])
+        if row[2] < limit:
+            return forgotten

@@ -56,15 +56,6 @@ $$;
 
 
 --
--- Name: event_key(text, text); Type: FUNCTION; Schema: matcher; Owner: -
---
-
-CREATE FUNCTION matcher.event_key(producer text, event_id text) RETURNS bigint
-    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-    RETURN hashtextextended(((producer || chr(31)) || event_id), (1)::bigint);
-
-
---
 -- Name: queue_new_waits(); Type: FUNCTION; Schema: matcher; Owner: -
 --
 
@@ -222,6 +213,17 @@ BEGIN
     RETURN NULL;
 END
 $$;
+
+
+--
+-- Name: event_ids; Type: TABLE; Schema: matcher; Owner: -
+--
+
+CREATE TABLE matcher.event_ids (
+    producer text NOT NULL,
+    event_id text NOT NULL,
+    received_at timestamp with time zone DEFAULT now() NOT NULL
+);
 
 
 --
@@ -390,6 +392,14 @@ CREATE TABLE matcher.runs (
     version integer DEFAULT 0 NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL
 );
+
+
+--
+-- Name: event_ids event_ids_pkey; Type: CONSTRAINT; Schema: matcher; Owner: -
+--
+
+ALTER TABLE ONLY matcher.event_ids
+    ADD CONSTRAINT event_ids_pkey PRIMARY KEY (producer, event_id);
 
 
 --

@@ -40,6 +40,12 @@ def _age(settings: Settings, correlation: str, days: float) -> None:
             "status_at = now() - make_interval(secs => %s) WHERE correlation_id = %s",
             [days * 86400, days * 86400, correlation],
         )
+        conn.execute(
+            "UPDATE matcher.event_ids AS e SET received_at = i.received_at"
+            " FROM matcher.inbox AS i WHERE i.correlation_id = %s"
+            " AND (e.producer, e.event_id) = (i.producer, i.event_id)",
+            [correlation],
+        )
 
 
 async def test_retention_expires_then_purges(settings: Settings) -> None:

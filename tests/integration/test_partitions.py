@@ -1,9 +1,10 @@
 """The inbox partitioned by day: dedupe holds across days and through a purge under load.
 
-The inbox has no unique key across its days (Postgres cannot have one), so these tests
-attack the promise where it is weakest: the same event id in two concurrent batches under
-different correlation ids, duplicates of events stored days ago, and days being dropped
-while ingest is busy.
+The inbox has no unique key across its days (Postgres cannot have one): matcher.event_ids
+holds one row per stored event instead, and the janitor forgets a day's ids before it drops
+the day. These tests attack the promise where it is weakest: the same event id in two
+concurrent batches under different correlation ids, duplicates of events stored days ago,
+days being dropped while ingest is busy, and a janitor stopped between the two steps.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from matcher.domain.events import CompletionEvent
 from matcher.domain.waits import WaitSpec
 from matcher.sdk import register_wait
 from matcher.store.ingest import store_batch
+from matcher.store.maintenance import _forget_day_ids, drop_expired_days
+from matcher.store.sql import query
 from tests.helpers import (
     ensure_inbox_days,
     env_flag,
@@ -62,12 +65,19 @@ def _attached_days(settings: Settings) -> set[str]:
 
 
 def _age(settings: Settings, events: list[CompletionEvent], days: int) -> None:
-    """Move stored events ``days`` back in time (into that day's partition)."""
+    """Move stored events ``days`` back in time (into that day's partition), with their
+    claimed ids (which record the same arrival)."""
+    ids = [e.id for e in events]
     with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as conn:
         conn.execute(
             "UPDATE matcher.inbox SET received_at = now() - make_interval(days => %s),"
             " status_at = now() - make_interval(days => %s) WHERE event_id = ANY(%s)",
-            [days, days, [e.id for e in events]],
+            [days, days, ids],
+        )
+        conn.execute(
+            "UPDATE matcher.event_ids SET received_at = now() - make_interval(days => %s)"
+            " WHERE event_id = ANY(%s)",
+            [days, ids],
         )
 
 
@@ -159,7 +169,8 @@ async def test_dedupe_holds_across_days_and_through_a_purge_under_load(
 
 async def test_one_event_id_in_concurrent_batches_is_stored_once(settings: Settings) -> None:
     """A producer reusing an event id under another correlation id: the two batches lock
-    different wait keys, and only the event-key lock stops both finding the id new."""
+    different wait keys, and only the unique claim in matcher.event_ids stops both finding
+    the id new."""
     url = settings.database_url.get_secret_value()
     rounds = env_flag("MATCHER_TEST_RACE_ROUNDS", 20) * 2
     ids = [f"reused-{uuid.uuid4().hex[:8]}" for _ in range(rounds)]
@@ -189,6 +200,49 @@ async def test_one_event_id_in_concurrent_batches_is_stored_once(settings: Setti
         [ids],
     )
     assert {r["event_id"]: r["n"] for r in copies} == dict.fromkeys(ids, 1)
+
+
+async def test_a_janitor_stopped_after_forgetting_keeps_ids_claimed_again(
+    settings: Settings,
+) -> None:
+    """The janitor forgets a day's ids, then stops before it drops the day; the events are
+    redelivered meanwhile (new events now: stored again, their ids claimed again today).
+    Its next pass forgets the old day again and drops it: the new claims must survive, or
+    the next redelivery would be stored a third time."""
+    url = settings.database_url.get_secret_value()
+    ensure_inbox_days(settings, 17)
+    old = [event(correlation=f"old-{n}") for n in range(12)]
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await store_batch(conn, [ingest_record(e, n) for n, e in enumerate(old)])
+        _age(settings, old, 16)
+        cur = await conn.execute(query("maintenance", "expired_days"), {"keep": timedelta(days=15)})
+        days = {r[0]: (r[2], r[3]) for r in await cur.fetchall()}
+        name = _day_of(settings, 16)
+        day = sql.Identifier("matcher", name)
+        # Batches of 5: the keyset walks 5, 5, 2.
+        assert await _forget_day_ids(conn, day, *days[name], limit=5) == len(old)
+        assert _claimed(settings, old) == 0
+        again = old[:4]
+        await store_batch(conn, [ingest_record(e, 100 + n) for n, e in enumerate(again)])
+        assert _copies(settings, again) == {e.id: 2 for e in again}
+        assert await _forget_day_ids(conn, day, *days[name], limit=5) == 0
+        assert _claimed(settings, again) == len(again)
+    assert await drop_expired_days(url, timedelta(days=15)) == len(old)
+    assert name not in _attached_days(settings)
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await store_batch(conn, [ingest_record(e, 200 + n) for n, e in enumerate(again)])
+    assert _copies(settings, again) == {e.id: 1 for e in again}  # today's copy only
+    assert _claimed(settings, again) == len(again)
+
+
+def _claimed(settings: Settings, events: list[CompletionEvent]) -> int:
+    return int(
+        scalar(
+            settings,
+            "SELECT count(*) FROM matcher.event_ids WHERE event_id = ANY(%s)",
+            [[e.id for e in events]],
+        )
+    )
 
 
 def _drop_days(settings: Settings, names: set[str]) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql as pgsql
 
 from matcher.store.sql import query
 from tests.conftest import Services, _create_db, _drop_db, with_database
@@ -57,10 +58,14 @@ def _fill(conn: psycopg.Connection[Any]) -> None:
         [ROWS],
     )
     conn.execute(
+        "INSERT INTO matcher.event_ids (producer, event_id, received_at)"
+        " SELECT producer, event_id, received_at FROM matcher.inbox"
+    )
+    conn.execute(
         "INSERT INTO matcher.outbox (wait_id, tenant, run_id, outcome, published_at)"
         " SELECT id, tenant, run_id, 'event', now() FROM matcher.waits WHERE state = 'matched'"
     )
-    for table in ("waits", "inbox", "outbox"):
+    for table in ("waits", "inbox", "event_ids", "outbox"):
         conn.execute(f"VACUUM ANALYZE matcher.{table}".encode())
 
 
@@ -87,8 +92,8 @@ def _explain(conn: psycopg.Connection[Any], sql: str, params: Any) -> list[tuple
 KEYS = {"tenant": ["t1", "t2"], "correlation_id": ["c-1", "c-2"]}
 IDS = {"producer": ["p", "p"], "event_id": ["e-1", "e-2"]}
 HOT = [
-    ("ingest", "lock_keys", KEYS | IDS),
-    ("ingest", "stored_events", IDS),
+    ("ingest", "lock_wait_keys", KEYS),
+    ("ingest", "claim_event_ids", IDS),
     ("ingest", "waits_for_keys", KEYS),
     (
         "waits",
@@ -118,7 +123,7 @@ HOT = [
     ("explain", "waits_of_run", {"run_id": "run-1", "tenant": None}),
     ("stats", "gauges", {}),
 ]
-BIG_TABLES = {"waits", "inbox", "outbox"}
+BIG_TABLES = {"waits", "inbox", "event_ids", "outbox"}
 
 
 @pytest.mark.parametrize(("module", "name", "params"), HOT, ids=[f"{m}.{n}" for m, n, _ in HOT])
@@ -143,6 +148,24 @@ def test_hot_query_uses_indexes(
         and table not in empty
     ]
     assert sequential == [], f"{module}.{name} scans {sequential} sequentially: {scans}"
+
+
+def test_forgetting_a_days_ids_walks_the_indexes(big: psycopg.Connection[Any]) -> None:
+    # The janitor's keyset over one day, deleting through event_ids' primary key.
+    day = (datetime.now(UTC) - timedelta(days=3)).strftime("inbox_p%Y%m%d")
+    statement = pgsql.SQL(query("maintenance", "forget_day_ids")).format(
+        day=pgsql.Identifier("matcher", day)
+    )
+    params = {
+        "after_producer": "p",
+        "after_event_id": "e-1",
+        "limit": 5000,
+        "starts": datetime(2026, 1, 1, tzinfo=UTC),
+        "ends": datetime(2026, 1, 2, tzinfo=UTC),
+    }
+    scans = _explain(big, statement.as_string(big), params)
+    sequential = [table for node, table in scans if node == "Seq Scan"]
+    assert sequential == [], f"forget_day_ids scans {sequential} sequentially: {scans}"
 
 
 # The operator console's queries (matcher.store.console), on the same big tables.

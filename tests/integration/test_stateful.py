@@ -126,6 +126,7 @@ class Matching(RuleBasedStateMachine):
         self.conn = psycopg.connect(url, autocommit=True)
         self.conn.execute(
             "TRUNCATE matcher.outbox, matcher.launch_audit, matcher.launches, matcher.inbox,"
+            " matcher.event_ids,"
             " matcher.quarantine, matcher.waits, matcher.runs, matcher.match_queue"
         )
         self.aconn = self.loop.run_until_complete(

@@ -1,22 +1,9 @@
--- name: lock_keys
+-- name: lock_wait_keys
 -- (Array parameters use binary placeholders: psycopg's C dumpers encode them far
 -- faster than the text form, and every statement here carries a whole batch.)
--- Every (tenant, correlation id) of the batch, in one fixed order (invariant 2: batches and
--- registrations take the same locks, sorted, so they cannot deadlock each other), and
--- every (producer, event id): the inbox is partitioned and has no unique key across days,
--- so two batches holding the same event id must not both find it new (invariant 1).
-SELECT pg_advisory_xact_lock(k)
-FROM (
-    SELECT matcher.wait_key(t, c) AS k
-    FROM unnest(%(tenant)b::text[], %(correlation_id)b::text[]) AS u(t, c)
-    UNION
-    SELECT matcher.event_key(p, e)
-    FROM unnest(%(producer)b::text[], %(event_id)b::text[]) AS u(p, e)
-    ORDER BY 1
-) AS keys;
-
--- name: lock_wait_keys
--- The wait keys alone, in the same order (the rematch loop: it stores no events).
+-- Every (tenant, correlation id) of the batch, in one fixed order (invariant 2: batches,
+-- registrations and the rematch loop take the same locks, sorted, so they cannot
+-- deadlock each other).
 SELECT pg_advisory_xact_lock(k)
 FROM (
     SELECT DISTINCT matcher.wait_key(t, c) AS k
@@ -24,11 +11,18 @@ FROM (
     ORDER BY 1
 ) AS keys;
 
--- name: stored_events
-SELECT i.producer, i.event_id
-FROM matcher.inbox AS i
-JOIN unnest(%(producer)b::text[], %(event_id)b::text[]) AS u(producer, event_id)
-  ON i.producer = u.producer AND i.event_id = u.event_id;
+-- name: claim_event_ids
+-- The batch's (producer, event id) pairs not stored before (invariant 1): each new one is
+-- claimed here, in this transaction, and comes back; a duplicate does not. An id another
+-- batch has claimed but not committed makes this wait for that batch's end (then it is a
+-- duplicate, or ours if that batch rolled back). Claimed in one sorted order, so two
+-- batches sharing ids wait for each other in one direction only.
+INSERT INTO matcher.event_ids (producer, event_id)
+SELECT p, e
+FROM unnest(%(producer)b::text[], %(event_id)b::text[]) AS u(p, e)
+ORDER BY p, e
+ON CONFLICT DO NOTHING
+RETURNING producer, event_id;
 
 -- name: waits_for_keys
 -- Waiting waits to resolve, and timed-out or cancelled ones to recognise late events. Each

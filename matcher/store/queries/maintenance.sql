@@ -64,6 +64,31 @@ SELECT EXISTS (
 -- name: count_day
 SELECT count(*) FROM {day};
 
+-- name: forget_day_ids
+-- The ids of a day about to be dropped, a bounded batch at a time (keyset over the day's
+-- primary key, from after the last pair of the batch before): once forgotten, the day's
+-- events no longer count as duplicates, as when their rows go. Only ids claimed on that
+-- day are deleted: an id seen again since (past the window, so stored as new) is kept.
+-- Returns the last pair of the batch, its size and the ids deleted; none when the day is
+-- done.
+WITH chunk AS (
+    SELECT producer, event_id FROM {day}
+    WHERE (producer, event_id) > (%(after_producer)s::text, %(after_event_id)s::text)
+    ORDER BY producer, event_id
+    LIMIT %(limit)s
+), forgotten AS (
+    DELETE FROM matcher.event_ids AS e
+    USING chunk AS c
+    WHERE e.producer = c.producer AND e.event_id = c.event_id
+      AND e.received_at >= %(starts)s AND e.received_at < %(ends)s
+    RETURNING 1
+)
+SELECT producer, event_id, (SELECT count(*) FROM chunk) AS n,
+       (SELECT count(*) FROM forgotten) AS deleted
+FROM chunk
+ORDER BY producer DESC, event_id DESC
+LIMIT 1;
+
 -- name: detach_day
 ALTER TABLE matcher.inbox DETACH PARTITION {day} CONCURRENTLY;
 
