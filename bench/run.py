@@ -303,8 +303,15 @@ def preload(url: str, rows: int) -> None:
             " FROM generate_series(1, %s) AS g",
             [json.dumps(PAYLOAD), rows],
         )
+        # Each stored event's claimed id, as ingest leaves them.
+        conn.execute(
+            "INSERT INTO matcher.event_ids (producer, event_id, received_at)"
+            " SELECT producer, event_id, received_at FROM matcher.inbox"
+            " WHERE producer = 'old-svc'"
+        )
         conn.execute("VACUUM ANALYZE matcher.waits")
         conn.execute("VACUUM ANALYZE matcher.inbox")
+        conn.execute("VACUUM ANALYZE matcher.event_ids")
 
 
 async def consume(
