@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 from matcher_producer import KafkaRecord
+from prometheus_client import REGISTRY
 
 from matcher.config import Settings
-from tests.helpers import eventually, installed_tool, read_resumes, running_daemon, scalar
+from tests.helpers import eventually, installed_tool, read_resumes, rows, running_daemon, scalar
 from tests.integration.test_security import _signed, _wait_for, secure  # noqa: F401
 
 pytestmark = pytest.mark.timeout(180)
@@ -104,3 +105,44 @@ async def test_a_record_kcat_mangles_is_quarantined_and_the_partition_goes_on(
         )
     assert scalar(secure, "SELECT reason FROM matcher.quarantine") == "bad_signature"
     assert scalar(secure, "SELECT resolved_by_event_id FROM matcher.waits") == good_event.id
+
+
+def _received(result: str) -> float:
+    value = REGISTRY.get_sample_value("matcher_events_received_total", {"result": result})
+    return value or 0.0
+
+
+async def test_a_replayed_record_and_a_reused_id_are_stored_once(
+    kcat: str,
+    secure: Settings,  # noqa: F811
+) -> None:
+    """kcat sends a captured signed record, then, once it is stored, the same record twice
+    more and a second signed event that reuses its id under another correlation id (a
+    wait registered for each): the id stays stored once, as the first record says, and
+    the reuse resolves nothing (a duplicate is dropped, not read with another meaning)."""
+    first, record = _signed(correlation_id=f"c-{uuid.uuid4().hex[:8]}")
+    reuse, reused = _signed(id=first.id, correlation_id=f"c-{uuid.uuid4().hex[:8]}")
+    _wait_for(secure, first)
+    _wait_for(secure, reuse)
+    async with running_daemon(secure):
+        _publish(kcat, secure, record, "none")
+        await eventually(lambda: _published(secure) == 1, timeout=60, what="the first resumed")
+        duplicates = _received("duplicate")
+        for sent in (record, reused, record):
+            _publish(kcat, secure, sent, "none")
+        await eventually(
+            lambda: _received("duplicate") - duplicates == 3,
+            timeout=60,
+            what="the three later records counted as duplicates",
+        )
+    stored = rows(
+        secure, "SELECT correlation_id FROM matcher.inbox WHERE event_id = %s", [first.id]
+    )
+    assert stored == [{"correlation_id": first.correlation_id}]
+    assert scalar(secure, "SELECT count(*) FROM matcher.event_ids") == 1
+    states = {
+        r["correlation_id"]: r["state"]
+        for r in rows(secure, "SELECT correlation_id, state FROM matcher.waits")
+    }
+    assert states == {first.correlation_id: "matched", reuse.correlation_id: "waiting"}
+    assert scalar(secure, "SELECT count(*) FROM matcher.quarantine") == 0
