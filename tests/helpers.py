@@ -34,6 +34,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from cloudevents.core.bindings import kafka as ce_kafka
 from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
+from psycopg import sql as pgsql
 from psycopg.rows import dict_row
 
 from matcher.auth.gate import judge
@@ -398,6 +399,28 @@ async def rematch_all(settings: Settings) -> int:
         while (result := await rematch_once(conn)).keys:
             matched += result.matched
     return matched
+
+
+def backdate_events(settings: Settings, column: str, values: list[str], seconds: float) -> None:
+    """Move the stored events whose ``column`` is one of ``values`` back in time by
+    ``seconds`` (into that day's partition), with their claimed ids in matcher.event_ids,
+    which record the same arrival."""
+    with db(settings) as conn:
+        conn.execute(
+            pgsql.SQL(
+                "UPDATE matcher.inbox SET received_at = now() - make_interval(secs => %s),"
+                " status_at = now() - make_interval(secs => %s) WHERE {} = ANY(%s)"
+            ).format(pgsql.Identifier(column)),
+            [seconds, seconds, values],
+        )
+        conn.execute(
+            pgsql.SQL(
+                "UPDATE matcher.event_ids AS e SET received_at = i.received_at"
+                " FROM matcher.inbox AS i WHERE i.{} = ANY(%s)"
+                " AND (e.producer, e.event_id) = (i.producer, i.event_id)"
+            ).format(pgsql.Identifier(column)),
+            [values],
+        )
 
 
 def ensure_inbox_days(settings: Settings, days_back: int) -> None:

@@ -19,6 +19,7 @@ from matcher.domain.waits import WaitSpec
 from matcher.sdk import cancel_wait, register_wait
 from matcher.store.ingest import IngestRecord
 from tests.helpers import (
+    backdate_events,
     ensure_inbox_days,
     event,
     eventually,
@@ -34,18 +35,7 @@ from tests.helpers import (
 
 
 def _age(settings: Settings, correlation: str, days: float) -> None:
-    with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as conn:
-        conn.execute(
-            "UPDATE matcher.inbox SET received_at = now() - make_interval(secs => %s), "
-            "status_at = now() - make_interval(secs => %s) WHERE correlation_id = %s",
-            [days * 86400, days * 86400, correlation],
-        )
-        conn.execute(
-            "UPDATE matcher.event_ids AS e SET received_at = i.received_at"
-            " FROM matcher.inbox AS i WHERE i.correlation_id = %s"
-            " AND (e.producer, e.event_id) = (i.producer, i.event_id)",
-            [correlation],
-        )
+    backdate_events(settings, "correlation_id", [correlation], days * 86400)
 
 
 async def test_retention_expires_then_purges(settings: Settings) -> None:

@@ -29,6 +29,7 @@ from matcher.store.ingest import store_batch
 from matcher.store.maintenance import _forget_day_ids, drop_expired_days
 from matcher.store.sql import query
 from tests.helpers import (
+    backdate_events,
     ensure_inbox_days,
     env_flag,
     event,
@@ -65,20 +66,8 @@ def _attached_days(settings: Settings) -> set[str]:
 
 
 def _age(settings: Settings, events: list[CompletionEvent], days: int) -> None:
-    """Move stored events ``days`` back in time (into that day's partition), with their
-    claimed ids (which record the same arrival)."""
-    ids = [e.id for e in events]
-    with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as conn:
-        conn.execute(
-            "UPDATE matcher.inbox SET received_at = now() - make_interval(days => %s),"
-            " status_at = now() - make_interval(days => %s) WHERE event_id = ANY(%s)",
-            [days, days, ids],
-        )
-        conn.execute(
-            "UPDATE matcher.event_ids SET received_at = now() - make_interval(days => %s)"
-            " WHERE event_id = ANY(%s)",
-            [days, ids],
-        )
+    """Move stored events ``days`` back in time (into that day's partition)."""
+    backdate_events(settings, "event_id", [e.id for e in events], days * 86400)
 
 
 def _copies(settings: Settings, events: list[CompletionEvent]) -> dict[str, int]:
