@@ -38,7 +38,7 @@ from matcher.kafka.commits import OffsetCommitter
 from matcher.kafka.dead_letters import DeadLetters
 from matcher.kafka.fetch import Batch, SafeFetcher
 from matcher.metrics import EVENTS_RECEIVED, EVENTS_REJECTED
-from matcher.store.ingest import BatchResult, ConcurrentInsert, IngestRecord, store_batch
+from matcher.store.ingest import BatchResult, IngestRecord, store_batch
 from matcher.store.maintenance import ensure_days
 from matcher.store.quarantine_rows import Bounds
 
@@ -57,7 +57,6 @@ _TRANSIENT = (
     psycopg.errors.SerializationFailure,
     psycopg.errors.DeadlockDetected,
     psycopg.errors.LockNotAvailable,
-    ConcurrentInsert,
 )
 # The data itself was refused: find the record by splitting the batch, quarantine it.
 _DATA_REFUSED = (psycopg.DataError, psycopg.IntegrityError)

@@ -4,26 +4,29 @@ A wait is registered without any lock (see migration 0010): its insert queues it
 and this pass, in a transaction of its own after the wait committed, takes the key's
 advisory lock (ingest's), then matches the key's waiting waits with its pending events
 by the rules of ``matcher.domain.matching`` (oldest event first, each event one wait).
-Ingest also queues keys whose waits another transaction held locked. A key whose waits
-are still held is queued again, a little later; nothing here waits on a transaction that
-is not the daemon's own.
+Ingest also queues keys whose waits another transaction held locked, and keys where two
+or more events of one batch found waiting waits (their order decides which takes which:
+see migration 0016). A key whose waits are still held is queued again, a little later;
+nothing here waits on a transaction that is not the daemon's own.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from matcher.domain.matching import InboxStatus, Key, NewEvent, Placement, decide_batch
-from matcher.store.ingest import (
-    AsyncConn,
-    check_resolved,
-    key_arrays,
-    queue_for_rematch,
-    resolve_by_events,
-    wait_views,
+from matcher.domain.matching import (
+    InboxStatus,
+    Key,
+    NewEvent,
+    Placement,
+    WaitView,
+    decide_batch,
 )
+from matcher.domain.waits import WaitState
+from matcher.store.ingest import AsyncConn
 from matcher.store.isolation import read_committed
 from matcher.store.sql import query
 
@@ -37,6 +40,66 @@ class RematchResult:
     matched: int = 0
     late: int = 0
     busy: int = 0
+
+
+def wait_views(rows: list[tuple[Any, ...]]) -> tuple[list[WaitView], set[Key]]:
+    """The rows of ``waits_for_keys`` as views, and the keys of the busy ones (locked by
+    another transaction: their matching is left to the rematch loop)."""
+    views: list[WaitView] = []
+    busy: set[Key] = set()
+    for row in rows:
+        view = WaitView(
+            id=row[0],
+            tenant=row[1],
+            correlation_id=row[2],
+            event_types=frozenset(row[3]),
+            state=WaitState(row[4]),
+            created_at=row[5],
+            resolved_at=row[6],
+        )
+        views.append(view)
+        if row[7]:
+            busy.add(view.key)
+    return views, busy
+
+
+def key_arrays(keys: Iterable[Key]) -> dict[str, list[str]]:
+    pairs = list(keys)
+    return {"tenant": [t for t, _ in pairs], "correlation_id": [c for _, c in pairs]}
+
+
+async def queue_for_rematch(conn: AsyncConn, keys: Iterable[Key], after_s: float = 0.0) -> None:
+    """Leave ``keys`` to the rematch loop (it is woken when the caller commits)."""
+    params: dict[str, Any] = key_arrays(keys)
+    if params["tenant"]:
+        await conn.execute(
+            query("rematch", "queue_keys"), params | {"after": timedelta(seconds=after_s)}
+        )
+
+
+async def resolve_by_events(
+    conn: AsyncConn, resolutions: Sequence[Placement], received_at: Sequence[datetime | None]
+) -> Any:
+    """Resolve the waits of ``resolutions`` (outbox rows included; the relay is woken at
+    commit); the caller checks the count the returned cursor yields, once its pipeline
+    has synced."""
+    return await conn.execute(
+        query("rematch", "resolve_by_events"),
+        {
+            "wait_id": [p.wait_id for p in resolutions],
+            "producer": [p.event.producer for p in resolutions],
+            "event_id": [p.event.event_id for p in resolutions],
+            "received_at": list(received_at),
+        },
+    )
+
+
+async def check_resolved(cur: Any, expected: int) -> None:
+    row = await cur.fetchone()
+    resolved = row[0] if row else 0
+    # The waits were locked by this transaction and seen waiting: all must resolve.
+    if resolved != expected:
+        raise RuntimeError(f"resolved {resolved} of {expected} waits under lock: a bug")
 
 
 def _pending(rows: list[tuple[Any, ...]]) -> list[NewEvent]:
@@ -54,8 +117,8 @@ async def rematch_once(conn: AsyncConn, limit: int = 500) -> RematchResult:
         if not keys:
             return RematchResult()
         params = key_arrays(sorted(keys))
-        await conn.execute(query("ingest", "lock_wait_keys"), params)
-        waits_cur = await conn.execute(query("ingest", "waits_for_keys"), params)
+        await conn.execute(query("rematch", "lock_wait_keys"), params)
+        waits_cur = await conn.execute(query("rematch", "waits_for_keys"), params)
         pending_cur = await conn.execute(query("rematch", "pending_for_keys"), params)
         await pipeline.sync()
         waits, busy = wait_views(await waits_cur.fetchall())

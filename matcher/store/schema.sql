@@ -56,6 +56,203 @@ $$;
 
 
 --
+-- Name: ingest_events(text[], text[], text[], text[], text[], text[], timestamp with time zone[], text[], integer[], bigint[], jsonb[]); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.ingest_events(producers text[], event_ids text[], tenants text[], types text[], correlation_ids text[], external_job_ids text[], occurred_at timestamp with time zone[], topics text[], partitions integer[], offsets bigint[], data jsonb[], OUT accepted bigint, OUT duplicates bigint, OUT matched bigint, OUT late bigint, OUT deferred bigint) RETURNS record
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+    claimed_producers text[];
+    claimed_event_ids text[];
+    -- The decision, by position in the batch.
+    fresh boolean[];     -- a new event, to store
+    resolves uuid[];     -- the wait it resolves
+    too_late_for uuid[]; -- or the wait it came too late for
+    decided bigint;
+    queue_tenants text[];
+    queue_correlations text[];
+    resolving uuid[];
+    resolving_producers text[];
+    resolving_event_ids text[];
+    resolved bigint;
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'matcher.ingest_events needs READ COMMITTED, not %',
+            current_setting('transaction_isolation')
+            USING ERRCODE = 'invalid_transaction_state';
+    END IF;
+
+    -- Invariant 2: every key of the batch, in one fixed order (batches and the rematch
+    -- loop cannot deadlock each other).
+    PERFORM pg_advisory_xact_lock(k)
+    FROM (
+        SELECT DISTINCT matcher.wait_key(t, c) AS k
+        FROM unnest(ingest_events.tenants, ingest_events.correlation_ids) AS u(t, c)
+        ORDER BY 1
+    ) AS keys;
+
+    -- Invariant 1: the ids not stored before come back, claimed by this transaction; an id
+    -- another batch claimed and has not committed makes this wait for its end. Sorted,
+    -- after the sorted key locks, so two batches sharing ids wait in one direction only.
+    WITH claimed AS (
+        INSERT INTO matcher.event_ids (producer, event_id)
+        SELECT p, e
+        FROM unnest(ingest_events.producers, ingest_events.event_ids) AS u(p, e)
+        ORDER BY p, e
+        ON CONFLICT DO NOTHING
+        RETURNING producer, event_id
+    )
+    SELECT coalesce(array_agg(producer), '{}'), coalesce(array_agg(event_id), '{}')
+    INTO claimed_producers, claimed_event_ids
+    FROM claimed;
+
+    -- The decision (see above): one row per event of the batch, in its order.
+    WITH batch AS (
+        SELECT b.n, b.producer, b.event_id, b.tenant, b.correlation_id, b.type,
+               (b.producer, b.event_id) IN (
+                   SELECT c.p, c.e FROM unnest(claimed_producers, claimed_event_ids) AS c(p, e)
+               ) AS claimed
+        FROM unnest(
+            ingest_events.producers, ingest_events.event_ids, ingest_events.tenants,
+            ingest_events.correlation_ids, ingest_events.types
+        ) WITH ORDINALITY AS b(producer, event_id, tenant, correlation_id, type, n)
+    ), firsts AS (
+        -- New: claimed now, and the id's first place in the batch (the rest duplicates).
+        SELECT b.*,
+               b.claimed AND row_number() OVER (PARTITION BY b.producer, b.event_id
+                                                ORDER BY b.n) = 1 AS fresh
+        FROM batch AS b
+    ), pairs AS (
+        -- Each new event with each wait of its key but the matched ones, each locked here
+        -- unless another transaction holds it (busy: the key is left to the rematch loop,
+        -- not waited for). The state kept is the locked row's, which is current.
+        SELECT f.n, f.fresh, f.tenant, f.correlation_id, s.id AS wait_id, s.created_at,
+               s.resolved_at, s.busy,
+               f.fresh AND EXISTS (
+                   SELECT 1 FROM matcher.match_queue AS q
+                   WHERE q.tenant = f.tenant AND q.correlation_id = f.correlation_id
+               ) AS queued,
+               coalesce(s.state = 'waiting' AND f.type = ANY (s.event_types), false)
+                   AS would_take,
+               coalesce(s.state IN ('timed_out', 'cancelled') AND f.type = ANY (s.event_types),
+                        false) AS would_be_late
+        FROM firsts AS f
+        LEFT JOIN LATERAL (
+            SELECT w.id, w.event_types, w.created_at,
+                   coalesce(l.state, w.state) AS state,
+                   coalesce(l.resolved_at, w.resolved_at) AS resolved_at,
+                   l.id IS NULL AS busy
+            FROM matcher.waits AS w
+            LEFT JOIN LATERAL (
+                SELECT x.id, x.state, x.resolved_at FROM matcher.waits AS x
+                WHERE x.id = w.id
+                FOR UPDATE SKIP LOCKED
+            ) AS l ON true
+            WHERE f.fresh AND w.tenant = f.tenant AND w.correlation_id = f.correlation_id
+              AND w.state <> 'matched'
+        ) AS s ON true
+    ), judged AS (
+        SELECT DISTINCT ON (p.n) p.n, p.fresh, p.tenant, p.correlation_id, p.queued,
+               -- A key is decided here unless a wait of it is busy, or two new events find
+               -- waiting waits in it (their order would decide which takes which).
+               coalesce(bool_or(p.busy) OVER key, false)
+               OR coalesce(min(p.n) FILTER (WHERE p.would_take) OVER key
+                           <> max(p.n) FILTER (WHERE p.would_take) OVER key, false)
+                   AS to_rematch,
+               -- The oldest waiting wait that accepts it (created_at, then id).
+               CASE WHEN bool_or(p.would_take) OVER event
+                    THEN first_value(p.wait_id) OVER (
+                        PARTITION BY p.n ORDER BY p.would_take DESC, p.created_at, p.wait_id)
+               END AS takes,
+               -- Else the most recently resolved timed-out or cancelled wait that accepts it.
+               CASE WHEN bool_or(p.would_be_late) OVER event
+                    THEN first_value(p.wait_id) OVER (
+                        PARTITION BY p.n
+                        ORDER BY p.would_be_late DESC,
+                                 coalesce(p.resolved_at, p.created_at) DESC, p.wait_id DESC)
+               END AS late_for
+        FROM pairs AS p
+        WINDOW key AS (PARTITION BY p.tenant, p.correlation_id), event AS (PARTITION BY p.n)
+        ORDER BY p.n
+    ), placed AS (
+        SELECT j.n, j.fresh, j.tenant, j.correlation_id, j.queued, j.to_rematch,
+               j.fresh AND NOT (j.queued OR j.to_rematch) AS decided_here, j.takes, j.late_for
+        FROM judged AS j
+    )
+    SELECT array_agg(p.fresh ORDER BY p.n),
+           array_agg(CASE WHEN p.decided_here THEN p.takes END ORDER BY p.n),
+           array_agg(CASE WHEN p.decided_here AND p.takes IS NULL THEN p.late_for END
+                     ORDER BY p.n),
+           count(*) FILTER (WHERE p.fresh),
+           count(*) FILTER (WHERE p.fresh AND NOT p.decided_here),
+           array_agg(p.tenant) FILTER (WHERE p.fresh AND p.to_rematch AND NOT p.queued),
+           array_agg(p.correlation_id) FILTER (WHERE p.fresh AND p.to_rematch AND NOT p.queued)
+    INTO fresh, resolves, too_late_for, decided, deferred, queue_tenants, queue_correlations
+    FROM placed AS p;
+
+    -- The new events, each written once, with its final status.
+    WITH stored AS (
+        INSERT INTO matcher.inbox (
+            producer, event_id, tenant, type, correlation_id, external_job_id, occurred_at,
+            kafka_topic, kafka_partition, kafka_offset, data, status, consumed_by, late_for
+        )
+        SELECT b.producer, b.event_id, b.tenant, b.type, b.correlation_id, b.external_job_id,
+               b.occurred_at, b.topic, b.kafka_partition, b.kafka_offset, b.data,
+               CASE WHEN resolves[b.n] IS NOT NULL THEN 'consumed'
+                    WHEN too_late_for[b.n] IS NOT NULL THEN 'late'
+                    ELSE 'pending' END,
+               resolves[b.n], too_late_for[b.n]
+        FROM unnest(
+            ingest_events.producers, ingest_events.event_ids, ingest_events.tenants,
+            ingest_events.types, ingest_events.correlation_ids, ingest_events.external_job_ids,
+            ingest_events.occurred_at, ingest_events.topics, ingest_events.partitions,
+            ingest_events.offsets, ingest_events.data
+        ) WITH ORDINALITY AS b(producer, event_id, tenant, type, correlation_id,
+                               external_job_id, occurred_at, topic, kafka_partition,
+                               kafka_offset, data, n)
+        WHERE fresh[b.n]
+        ON CONFLICT DO NOTHING
+        RETURNING 1
+    )
+    SELECT count(*) INTO accepted FROM stored;
+    -- The ids were claimed first, so no other transaction can have stored one of these
+    -- events meanwhile; should it happen, the batch is retried (and then sees duplicates).
+    IF accepted <> decided THEN
+        RAISE EXCEPTION 'stored % of % new events: another transaction stored one',
+            accepted, decided
+            USING ERRCODE = 'serialization_failure';
+    END IF;
+    duplicates := cardinality(ingest_events.producers) - accepted;
+
+    IF queue_tenants IS NOT NULL THEN
+        INSERT INTO matcher.match_queue (tenant, correlation_id)
+        SELECT DISTINCT t, c FROM unnest(queue_tenants, queue_correlations) AS u(t, c);
+        PERFORM pg_notify('matcher_match', '');  -- the rematch loop, woken at commit
+    END IF;
+
+    -- Invariant 3: the waits resolved, with their outbox rows (the relay is woken at
+    -- commit). They are locked by this transaction and were seen waiting: all resolve.
+    SELECT array_agg(w) FILTER (WHERE w IS NOT NULL), array_agg(p) FILTER (WHERE w IS NOT NULL),
+           array_agg(e) FILTER (WHERE w IS NOT NULL), count(l)
+    INTO resolving, resolving_producers, resolving_event_ids, late
+    FROM unnest(resolves, too_late_for, ingest_events.producers, ingest_events.event_ids)
+        AS u(w, l, p, e);
+    matched := coalesce(cardinality(resolving), 0);
+    IF matched > 0 THEN
+        resolved := matcher.resolve_waits(
+            resolving, 'matched', 'event', 'event', resolving_producers, resolving_event_ids,
+            NULL);
+        IF resolved <> matched THEN
+            RAISE EXCEPTION 'resolved % of % waits under lock: a bug', resolved, matched;
+        END IF;
+    END IF;
+END
+$$;
+
+
+--
 -- Name: queue_new_waits(); Type: FUNCTION; Schema: matcher; Owner: -
 --
 

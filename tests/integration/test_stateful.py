@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -27,6 +28,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from matcher.config import Settings
 from matcher.daemon.sweeper import sweep_once
+from matcher.domain.events import CompletionEvent
 from matcher.domain.waits import WaitSpec
 from matcher.sdk import cancel_wait, register_wait
 from matcher.store.ingest import IngestRecord, store_batch
@@ -85,13 +87,29 @@ class Model:
                 self._place(ident, e)
         self.queued.clear()
 
-    def ingest(self, ident: tuple[str, str], key: tuple[str, str], type_: str) -> None:
-        if ident in self.events:
-            return  # a duplicate
-        e = ModelEvent(key, type_, self.tick())
-        self.events[ident] = e
-        if key not in self.queued:
-            self._place(ident, e)
+    def ingest(self, batch: list[tuple[tuple[str, str], tuple[str, str], str]]) -> None:
+        """A batch of (id, key, type): each new event placed in order, except on a key
+        already queued, or a key where two or more of the batch's new events find a
+        waiting wait (their order decides which takes which: the key is queued for the
+        rematch pass, migration 0016)."""
+        new: dict[tuple[str, str], ModelEvent] = {}
+        for ident, key, type_ in batch:
+            if ident not in self.events and ident not in new:  # else a duplicate
+                new[ident] = ModelEvent(key, type_, self.tick())
+        takers = Counter(
+            e.key
+            for e in new.values()
+            if any(
+                w.state == "waiting" and w.key == e.key and e.type in w.types
+                for w in self.waits.values()
+            )
+        )
+        contended = {key for key, count in takers.items() if count > 1}
+        for ident, e in new.items():
+            self.events[ident] = e
+            if e.key not in self.queued and e.key not in contended:
+                self._place(ident, e)
+        self.queued |= contended
 
     def _place(self, ident: tuple[str, str], e: ModelEvent) -> None:
         key, type_ = e.key, e.type
@@ -178,13 +196,8 @@ class Matching(RuleBasedStateMachine):
     def flush(self) -> None:
         records, self.batch = self.batch, []
         self.loop.run_until_complete(store_batch(self.aconn, records))
-        for r in records:
-            parsed = r.parsed
-            self.model.ingest(
-                (parsed.source, parsed.id),  # type: ignore[union-attr]
-                (parsed.tenant, parsed.correlationid),  # type: ignore[union-attr]
-                parsed.type,  # type: ignore[union-attr]
-            )
+        events = [r.parsed for r in records if isinstance(r.parsed, CompletionEvent)]
+        self.model.ingest([((e.source, e.id), (e.tenant, e.correlationid), e.type) for e in events])
         self.last_batch = records
 
     @precondition(lambda self: bool(self.last_batch))

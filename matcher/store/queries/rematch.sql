@@ -35,3 +35,53 @@ FROM unnest(
 WHERE i.producer = u.producer AND i.event_id = u.event_id AND i.received_at = u.received_at
   AND i.status = 'pending'
 RETURNING 1;
+
+-- name: lock_wait_keys
+-- Every key of the pass, in one fixed order: the locks ingest takes (matcher.ingest_events;
+-- invariant 2: batches and the rematch loop take the same locks, sorted, so they cannot
+-- deadlock each other).
+SELECT pg_advisory_xact_lock(k)
+FROM (
+    SELECT DISTINCT matcher.wait_key(t, c) AS k
+    FROM unnest(%(tenant)b::text[], %(correlation_id)b::text[]) AS u(t, c)
+    ORDER BY 1
+) AS keys;
+
+-- name: waits_for_keys
+-- Waiting waits to resolve, and timed-out or cancelled ones to recognise late events (as
+-- matcher.ingest_events reads them). Each
+-- is locked here unless another transaction holds it (a worker's cancel or job id, still
+-- uncommitted): such a wait comes back "busy", with its last committed state, and its key
+-- is left to the rematch loop rather than waited for (a worker's transaction, however
+-- long, must not hold up a batch). The state returned is the locked row's, which is
+-- current: the outer read only finds the candidates.
+SELECT w.id, w.tenant, w.correlation_id, w.event_types,
+       coalesce(l.state, w.state) AS state, w.created_at,
+       coalesce(l.resolved_at, w.resolved_at) AS resolved_at,
+       l.id IS NULL AS busy
+FROM matcher.waits AS w
+JOIN (SELECT DISTINCT t, c FROM unnest(%(tenant)b::text[], %(correlation_id)b::text[]) AS u(t, c)) AS k
+  ON w.tenant = k.t AND w.correlation_id = k.c
+LEFT JOIN LATERAL (
+    SELECT x.id, x.state, x.resolved_at FROM matcher.waits AS x
+    WHERE x.id = w.id
+    FOR UPDATE SKIP LOCKED
+) AS l ON true
+WHERE w.state <> 'matched';
+
+-- name: resolve_by_events
+-- Waits resolved by pending events; see matcher.resolve_waits.
+SELECT matcher.resolve_waits(
+    %(wait_id)b::uuid[], 'matched', 'event', 'event',
+    %(producer)b::text[], %(event_id)b::text[], %(received_at)b::timestamptz[]
+);
+
+-- name: queue_keys
+-- Keys whose waits were busy, left to a later pass; the loop is woken at commit.
+WITH queued AS (
+    INSERT INTO matcher.match_queue (tenant, correlation_id, not_before)
+    SELECT t, c, now() + %(after)s::interval
+    FROM unnest(%(tenant)b::text[], %(correlation_id)b::text[]) AS u(t, c)
+    RETURNING 1
+)
+SELECT pg_notify('matcher_match', '') FROM (SELECT count(*) AS n FROM queued) AS q WHERE q.n > 0;
