@@ -46,13 +46,16 @@ def test_bench_smoke_produces_every_figure(services: Services, tmp_path: Path) -
     # Where the CPU went (bench/cpu.py): every process of the run, the servers found by
     # the ports they listen on.
     for process in ("daemon", "postgres", "kafka", "bench"):
-        assert figures[f"cpu_matcher_{process}_us_per_event"] > 0, process
         assert figures[f"cpu_latency_200_{process}_cores"] > 0, process
+    for process in ("daemon", "postgres"):
+        assert figures[f"cpu_matcher_{process}_us_per_event"] > 0, process
     for process in ("postgres", "client"):
         assert figures[f"cpu_pipe_{process}_us_per_event"] > 0, process
-    # /proc counts CPU in 10 ms ticks, and the broker may serve the smoke run's pipe (1,200
-    # records, a fraction of a second) in less than one: zero is a true reading there.
-    assert figures["cpu_pipe_kafka_us_per_event"] >= 0
+    # /proc counts CPU in 10 ms ticks, and the smoke run's throughput runs (1,200 records,
+    # a fraction of a second) may cost the broker, or the benchmark polling for the last
+    # resume, less than one: zero is a true reading there.
+    for figure in ("cpu_pipe_kafka", "cpu_matcher_kafka", "cpu_matcher_bench"):
+        assert figures[f"{figure}_us_per_event"] >= 0, figure
     assert "us of CPU per event" in (tmp_path / "results.md").read_text()
     assert (tmp_path / "results.md").read_text().startswith("| figure |")
     assert (tmp_path / "results.png").stat().st_size > 10_000
