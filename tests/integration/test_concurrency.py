@@ -47,7 +47,25 @@ def _assert_all_matched_once(settings: Settings, pairs: int) -> None:
         WHERE i.status = 'pending' AND w.state = 'waiting'
         """,
     )
-    assert stuck == [], f"{len(stuck)} pairs missed each other"
+    if stuck:
+        # What the rematch queue still holds for them, and when: tells a pair that was
+        # never looked at again from one left queued for later (a busy wait).
+        queued = rows(
+            settings,
+            "SELECT correlation_id, not_before - now() AS due_in FROM matcher.match_queue"
+            " WHERE correlation_id = ANY(%s)",
+            [[r["correlation_id"] for r in stuck]],
+        )
+        times = rows(
+            settings,
+            "SELECT i.correlation_id, i.received_at - w.created_at AS event_after_wait"
+            " FROM matcher.inbox i JOIN matcher.waits w USING (tenant, correlation_id)"
+            " WHERE i.correlation_id = ANY(%s)",
+            [[r["correlation_id"] for r in stuck]],
+        )
+        raise AssertionError(
+            f"{len(stuck)} pairs missed each other; queued: {queued}; timing: {times}"
+        )
     states = rows(settings, "SELECT state, count(*) AS n FROM matcher.waits GROUP BY state")
     assert {r["state"]: r["n"] for r in states} == {"matched": pairs}
     per_wait = rows(
