@@ -30,10 +30,10 @@
 -- session, made without knowing the batch's size): no join between two intermediate
 -- results, which the planner would take for a row each and join by a nested loop, 250,000
 -- comparisons for 500 events. Instead, each event is looked up by index (its key's waits,
--- its key's queue entries), membership in a set is an uncorrelated IN in the select list
--- (a hashed subplan whatever the estimates), the decision is made by window functions
--- over one set of (event, wait) pairs, and it comes out as arrays aligned with the
--- batch, read back by position.
+-- its key's queue entries) and decided over its key's waits in the same lookup, membership
+-- in a set is an uncorrelated IN in the select list (a hashed subplan whatever the
+-- estimates), and the decision comes out as arrays aligned with the batch, read back by
+-- position.
 
 CREATE FUNCTION matcher.ingest_events(
     producers text[],
@@ -104,7 +104,7 @@ BEGIN
     INTO claimed_producers, claimed_event_ids
     FROM claimed;
 
-    -- The decision (see above): one row per event of the batch, in its order.
+    -- The decision (see above): one row per event of the batch.
     WITH batch AS (
         SELECT b.n, b.producer, b.event_id, b.tenant, b.correlation_id, b.type,
                (b.producer, b.event_id) IN (
@@ -120,26 +120,28 @@ BEGIN
                b.claimed AND row_number() OVER (PARTITION BY b.producer, b.event_id
                                                 ORDER BY b.n) = 1 AS fresh
         FROM batch AS b
-    ), pairs AS (
-        -- Each new event with each wait of its key but the matched ones, each locked here
-        -- unless another transaction holds it (busy: the key is left to the rematch loop,
-        -- not waited for). The state kept is the locked row's, which is current.
-        SELECT f.n, f.fresh, f.tenant, f.correlation_id, s.id AS wait_id, s.created_at,
-               s.resolved_at, s.busy,
+    ), looked AS (
+        -- Each new event with what its key's waits hold for it. The waits (but the
+        -- matched ones) are locked here unless another transaction holds one (busy: the
+        -- key is left to the rematch loop, not waited for); the state kept is the locked
+        -- row's, which is current.
+        SELECT f.n, f.fresh, f.tenant, f.correlation_id, s.busy, s.takes, s.late_for,
                f.fresh AND EXISTS (
                    SELECT 1 FROM matcher.match_queue AS q
                    WHERE q.tenant = f.tenant AND q.correlation_id = f.correlation_id
-               ) AS queued,
-               coalesce(s.state = 'waiting' AND f.type = ANY (s.event_types), false)
-                   AS would_take,
-               coalesce(s.state IN ('timed_out', 'cancelled') AND f.type = ANY (s.event_types),
-                        false) AS would_be_late
+               ) AS queued
         FROM firsts AS f
         LEFT JOIN LATERAL (
-            SELECT w.id, w.event_types, w.created_at,
-                   coalesce(l.state, w.state) AS state,
-                   coalesce(l.resolved_at, w.resolved_at) AS resolved_at,
-                   l.id IS NULL AS busy
+            SELECT bool_or(l.id IS NULL) AS busy,
+                   -- The oldest waiting wait that accepts it (created_at, then id).
+                   (array_agg(w.id ORDER BY w.created_at, w.id)
+                       FILTER (WHERE coalesce(l.state, w.state) = 'waiting'
+                                 AND f.type = ANY (w.event_types)))[1] AS takes,
+                   -- Else the most recently resolved timed-out or cancelled one.
+                   (array_agg(w.id ORDER BY coalesce(l.resolved_at, w.resolved_at,
+                                                     w.created_at) DESC, w.id DESC)
+                       FILTER (WHERE coalesce(l.state, w.state) IN ('timed_out', 'cancelled')
+                                 AND f.type = ANY (w.event_types)))[1] AS late_for
             FROM matcher.waits AS w
             LEFT JOIN LATERAL (
                 SELECT x.id, x.state, x.resolved_at FROM matcher.waits AS x
@@ -149,33 +151,19 @@ BEGIN
             WHERE f.fresh AND w.tenant = f.tenant AND w.correlation_id = f.correlation_id
               AND w.state <> 'matched'
         ) AS s ON true
-    ), judged AS (
-        SELECT DISTINCT ON (p.n) p.n, p.fresh, p.tenant, p.correlation_id, p.queued,
-               -- A key is decided here unless a wait of it is busy, or two new events find
-               -- waiting waits in it (their order would decide which takes which).
-               coalesce(bool_or(p.busy) OVER key, false)
-               OR coalesce(min(p.n) FILTER (WHERE p.would_take) OVER key
-                           <> max(p.n) FILTER (WHERE p.would_take) OVER key, false)
-                   AS to_rematch,
-               -- The oldest waiting wait that accepts it (created_at, then id).
-               CASE WHEN bool_or(p.would_take) OVER event
-                    THEN first_value(p.wait_id) OVER (
-                        PARTITION BY p.n ORDER BY p.would_take DESC, p.created_at, p.wait_id)
-               END AS takes,
-               -- Else the most recently resolved timed-out or cancelled wait that accepts it.
-               CASE WHEN bool_or(p.would_be_late) OVER event
-                    THEN first_value(p.wait_id) OVER (
-                        PARTITION BY p.n
-                        ORDER BY p.would_be_late DESC,
-                                 coalesce(p.resolved_at, p.created_at) DESC, p.wait_id DESC)
-               END AS late_for
-        FROM pairs AS p
-        WINDOW key AS (PARTITION BY p.tenant, p.correlation_id), event AS (PARTITION BY p.n)
-        ORDER BY p.n
     ), placed AS (
-        SELECT j.n, j.fresh, j.tenant, j.correlation_id, j.queued, j.to_rematch,
-               j.fresh AND NOT (j.queued OR j.to_rematch) AS decided_here, j.takes, j.late_for
-        FROM judged AS j
+        SELECT k.*, k.fresh AND NOT (k.queued OR k.to_rematch) AS decided_here
+        FROM (
+            -- A key is decided here unless a wait of it is busy, or two new events find
+            -- waiting waits in it (their order would decide which takes which).
+            SELECT l.*,
+                   (l.tenant, l.correlation_id) IN (
+                       SELECT o.tenant, o.correlation_id FROM looked AS o
+                       GROUP BY o.tenant, o.correlation_id
+                       HAVING bool_or(o.busy) OR count(o.takes) > 1
+                   ) AS to_rematch
+            FROM looked AS l
+        ) AS k
     )
     SELECT array_agg(p.fresh ORDER BY p.n),
            array_agg(CASE WHEN p.decided_here THEN p.takes END ORDER BY p.n),
