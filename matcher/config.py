@@ -193,7 +193,10 @@ class Settings(KafkaSettings):
     dead_letter_call_timeout_s: float = Field(default=15.0, gt=0)
 
     # Ingest: records per batch (one transaction each) and how long a poll waits for them.
-    ingest_batch_max: int = Field(default=500, ge=1, le=100_000)
+    # 1,000 rather than 500: at full rate a cycle's fixed costs then count half as much
+    # (+15-25% events/s in 8 of 8 paired runs on 2 cores); at lower rates batches are
+    # smaller than either, so latency does not change.
+    ingest_batch_max: int = Field(default=1000, ge=1, le=100_000)
     ingest_poll_timeout_ms: int = Field(default=200, ge=1)
     ingest_max_poll_interval_ms: int = Field(default=300_000, ge=1000)
     # How soon the group notices a daemon that died (it then moves its partitions).
@@ -203,7 +206,7 @@ class Settings(KafkaSettings):
     # Relay: resumes per batch, producer linger, and the safety-net poll behind NOTIFY.
     # The relay hands Kafka whole per-partition batches, so lingering batches nothing more;
     # it only adds its milliseconds to every resume.
-    relay_batch_max: int = Field(default=500, ge=1, le=100_000)
+    relay_batch_max: int = Field(default=1000, ge=1, le=100_000)
     relay_linger_ms: int = Field(default=0, ge=0)
     relay_poll_interval_s: float = Field(default=1.0, gt=0)
     # The longest one Kafka call of the relay may take (a start, a batch's acknowledgements,
