@@ -264,9 +264,12 @@ $$;
 
 CREATE FUNCTION matcher.resolve_waits(wait_ids uuid[], new_state text, how text, outcome text, producers text[] DEFAULT NULL::text[], event_ids text[] DEFAULT NULL::text[], received_at timestamp with time zone[] DEFAULT NULL::timestamp with time zone[]) RETURNS bigint
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 DECLARE
     resolved_count bigint;
+    -- A variable, not a constant: see above.
+    still_waiting text := 'waiting';
 BEGIN
     WITH target AS (
         SELECT *
@@ -288,7 +291,7 @@ BEGIN
                                            ELSE coalesce(t.received_at, now()) END,
             version = w.version + 1
         FROM target AS t
-        WHERE w.id = t.wait_id AND w.state = 'waiting'
+        WHERE w.id = t.wait_id AND w.state = still_waiting
         RETURNING w.id, w.tenant, w.run_id
     ), queued AS (
         INSERT INTO matcher.outbox (wait_id, tenant, run_id, outcome)
