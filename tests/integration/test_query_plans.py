@@ -279,6 +279,11 @@ def _ingest_params(conn: psycopg.Connection[Any]) -> dict[str, list[Any]]:
     ids = [("p", f"new-{uuid.uuid4().hex}") for _ in keys]
     ids += [("p", f"e-{n}") for n in range(1, INGEST_BATCH // 4 + 1)]
     keys += [("t1", f"c-{n}") for n in range(1, INGEST_BATCH // 4 + 1)]
+    return _batch_params(ids, keys)
+
+
+def _batch_params(ids: list[tuple[str, str]], keys: list[tuple[str, str]]) -> dict[str, list[Any]]:
+    """matcher.ingest_events' arguments for events of these (producer, id) and keys."""
     count = len(ids)
     return {
         "producer": [p for p, _ in ids],
@@ -369,23 +374,6 @@ def test_ingest_statements_use_indexes_and_no_quadratic_plan(
     )
 
 
-def _params_for_keys(keys: list[tuple[str, str]]) -> dict[str, list[Any]]:
-    count = len(keys)
-    return {
-        "producer": ["p"] * count,
-        "event_id": [f"new-{uuid.uuid4().hex}" for _ in keys],
-        "tenant": [t for t, _ in keys],
-        "type": ["done"] * count,
-        "correlation_id": [c for _, c in keys],
-        "external_job_id": [None] * count,
-        "occurred_at": [None] * count,
-        "topic": ["events"] * count,
-        "partition": [0] * count,
-        "offset": list(range(count)),
-        "data": [Jsonb({})] * count,
-    }
-
-
 def test_a_small_batch_reads_few_rows_when_statistics_are_stale(db_url: str) -> None:
     """A burst of waits registered since the last ANALYZE (a benchmark registers its waits
     first; so may a busy day) left the statistics counting a few waiting waits, and the
@@ -402,7 +390,9 @@ def test_a_small_batch_reads_few_rows_when_statistics_are_stale(db_url: str) -> 
             " 'c-' || g FROM generate_series(1, %s) AS g",
             [waits],
         )
-        plans, counts = _nested_plans(conn, _params_for_keys([("t", "c-7"), ("t", "c-7001")]))
+        keys = [("t", "c-7"), ("t", "c-7001")]
+        ids = [("p", f"new-{uuid.uuid4().hex}") for _ in keys]
+        plans, counts = _nested_plans(conn, _batch_params(ids, keys))
     assert counts[2] == 2, f"both events should have matched: {counts}"
     resolving = [p for p in plans if "UPDATE matcher.waits" in p["Query Text"]]
     assert resolving, "the resolution's plan was not captured"
