@@ -339,11 +339,7 @@ def _quadratic_nodes(plan: Any) -> list[str]:
     generic plan falls into when it takes each for a row (see migration 0016)."""
     found: list[str] = []
     for node in _nodes(plan):
-        per_loop = sum(
-            node.get(k, 0)
-            for k in ("Actual Rows", "Rows Removed by Filter", "Rows Removed by Join Filter")
-        )
-        rows = per_loop * node.get("Actual Loops", 1)
+        rows = _rows_through(node)
         if rows > 10 * INGEST_BATCH:
             found.append(f"{node['Node Type']} went through {rows:.0f} rows")
     return found
@@ -406,6 +402,7 @@ def test_a_small_batch_reads_few_rows_when_statistics_are_stale(db_url: str) -> 
 
 
 def _rows_through(node: dict[str, Any]) -> float:
+    """The rows a plan node went through, over all its loops."""
     per_loop = sum(
         node.get(k, 0)
         for k in ("Actual Rows", "Rows Removed by Filter", "Rows Removed by Join Filter")
