@@ -97,7 +97,7 @@ bench: install ## The full benchmark (about 35 minutes, with 10M stored rows); t
 	scripts/install-restate >/dev/null || echo "bench: no restate-server, the Restate peer will be null" >&2
 	$(USE_ENV); $(BIN)/python -m bench.run
 
-bench-quick: install ## The benchmark in about 6 minutes with the peers (fewer events, smaller scale).
+bench-quick: install ## The benchmark in about 5 minutes with the peers (fewer events, smaller scale).
 	scripts/install-restate >/dev/null || echo "bench: no restate-server, the Restate peer will be null" >&2
 	$(USE_ENV); $(BIN)/python -m bench.run --quick
 

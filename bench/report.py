@@ -98,6 +98,9 @@ def _markdown(results: dict[str, Any]) -> str:
     lines += [_ratio_row(results, k, v) for k, v in r.items()]
     lines += ["", "| target | met |", "|---|---|"]
     lines += [f"| {k} | {'yes' if v else 'NO'} |" for k, v in results["targets"].items()]
+    if results.get("phase_seconds"):
+        lines += ["", "| phase | wall time |", "|---|---|"]
+        lines += [f"| {k} | {v:,.0f} s |" for k, v in results["phase_seconds"].items()]
     if results.get("notes"):
         lines += ["", "Notes:", ""]
         lines += [f"- {note}" for note in results["notes"]]

@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -96,7 +96,9 @@ SMOKE = Plan(
 )
 QUICK = Plan(
     n=4000, naive_n=500, reps=3, rates=[500, 2000], latency_s=5, scale=[0, 100_000], dbos_n=300,
-    peer_n=200, peer_latency_s=0.25,
+    # The peers resume tens of waits per second: at 200 waits and a quarter second of
+    # events per rate they took 2.7 of the quick run's 6.2 minutes.
+    peer_n=100, peer_latency_s=0.1,
 )  # fmt: skip
 FULL = Plan(
     n=30_000, naive_n=3000, reps=3, rates=[500, 2000], latency_s=15,
@@ -124,6 +126,8 @@ class Results:
     # Per repetition, paired by index: the spread of the ratios of two measured figures.
     ratio_runs: dict[str, list[float]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # Wall-clock seconds of each phase, in order: where a run's minutes go.
+    phase_seconds: dict[str, float] = field(default_factory=dict)
 
 
 class Env:
@@ -828,12 +832,14 @@ def _measure_peers(plan: Plan, results: Results, step: Step) -> None:
             "--rates", ",".join(str(r) for r in plan.rates),
             "--latency-s", str(plan.peer_latency_s), "--workdir", str(workdir),
         ]  # fmt: skip
+        started = time.monotonic()
         try:
             out = _run_peer(module, args, PEER_TIMEOUT_S)
         except PeerFailed as exc:
             out = {"unavailable": str(exc)}
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
+            results.phase_seconds[f"peer {name}"] = round(time.monotonic() - started, 1)
         if "unavailable" in out:
             why = out["unavailable"]
             console.print(f"[yellow]{name} not measured, its figures are null:[/] {why}")
@@ -1106,6 +1112,15 @@ def _targets(plan: Plan, figures: dict[str, Any], ratios: dict[str, float]) -> d
     }
 
 
+@contextlib.asynccontextmanager
+async def _timed(phases: dict[str, float], name: str) -> AsyncIterator[None]:
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        phases[name] = round(time.monotonic() - started, 1)
+
+
 async def run(plan: Plan, out_dir: Path) -> Path:
     env = Env()
     env.setup()
@@ -1118,12 +1133,19 @@ async def run(plan: Plan, out_dir: Path) -> Path:
             def step(text: str) -> None:
                 progress.update(task, advance=1, description=text)
 
-            work = await _prepare_workload(env, plan)
-            await _measure_throughput(env, plan, work, results.runs, step)
-            await _measure_rf3(env, plan, work, results, step)
-            await _measure_latency(env, plan, results.runs, samples, step)
-            await _measure_scale(env, plan, work, results.runs, step)
-            _measure_peers(plan, results, step)
+            phases = results.phase_seconds
+            async with _timed(phases, "prepare"):
+                work = await _prepare_workload(env, plan)
+            async with _timed(phases, "throughput"):
+                await _measure_throughput(env, plan, work, results.runs, step)
+            async with _timed(phases, "rf3"):
+                await _measure_rf3(env, plan, work, results, step)
+            async with _timed(phases, "latency"):
+                await _measure_latency(env, plan, results.runs, samples, step)
+            async with _timed(phases, "scale"):
+                await _measure_scale(env, plan, work, results.runs, step)
+            async with _timed(phases, "peers"):
+                _measure_peers(plan, results, step)
     finally:
         await env.cleanup()
 
@@ -1166,7 +1188,7 @@ def main() -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="fewer events and a smaller scale (about 8 minutes with the peers)",
+        help="fewer events and a smaller scale (about 5 minutes with the peers)",
     )
     parser.add_argument("--smoke", action="store_true", help="tiny: proves the harness works")
     parser.add_argument(
