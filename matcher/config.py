@@ -199,6 +199,10 @@ class Settings(KafkaSettings):
     ingest_batch_max: int = Field(default=1000, ge=1, le=100_000)
     ingest_poll_timeout_ms: int = Field(default=200, ge=1)
     ingest_max_poll_interval_ms: int = Field(default=300_000, ge=1000)
+    # The least time between two offset commits (a batch after a quiet spell is committed
+    # at once; a burst shares one commit). Each commit is a write to __consumer_offsets;
+    # a crash re-reads at most this much more, which the inbox key makes duplicates.
+    ingest_commit_interval_ms: int = Field(default=100, ge=0, le=10_000)
     # How soon the group notices a daemon that died (it then moves its partitions).
     kafka_session_timeout_ms: int = Field(default=10_000, ge=1000)
     kafka_heartbeat_interval_ms: int = Field(default=3_000, ge=100)

@@ -171,7 +171,9 @@ class Ingest:
             listener=fetcher.rebalance_listener(_Revocations(self._batch_lock, self)),
         )
         self.consumer = consumer
-        self.committer = committer = OffsetCommitter(consumer)
+        self.committer = committer = OffsetCommitter(
+            consumer, min_interval_s=s.ingest_commit_interval_ms / 1000
+        )
         letters_stop = asyncio.Event()
         letters = (
             None

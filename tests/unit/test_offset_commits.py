@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Callable
 
 from aiokafka import TopicPartition
@@ -81,6 +82,7 @@ class ControlledConsumer:
         self.in_flight = 0
         self.most_in_flight = 0
         self.fail_next: list[Exception] = []
+        self.acknowledged = asyncio.Event()  # set by every successful request
 
     def assignment(self) -> set[TopicPartition]:
         return set(self.assigned)
@@ -100,6 +102,7 @@ class ControlledConsumer:
             if call.error is not None:
                 raise call.error
             self.requests.append(call.offsets)
+            self.acknowledged.set()
         except asyncio.CancelledError:
             call.cancelled = True
             raise
@@ -133,6 +136,63 @@ def test_a_burst_of_batches_costs_one_commit_after_the_first() -> None:
     assert consumer.requests == [{P0: 1}, {P0: 10}]
     assert len(consumer.calls) == 2
     assert consumer.most_in_flight == 1
+
+
+def test_a_commit_within_the_interval_waits_and_carries_the_newest_offsets() -> None:
+    async def scenario() -> tuple[ControlledConsumer, bool]:
+        consumer = ControlledConsumer()
+        committer = OffsetCommitter(consumer, min_interval_s=3600, clock=lambda: 0.0)
+        committer.submit({P0: 1})
+        (await consumer.call(0)).succeed()  # the first is not held back
+        committer.submit({P0: 2})
+        committer.submit({P0: 3, P1: 1})
+        for _ in range(STEPS):  # the interval has not passed: nothing more is asked
+            await asyncio.sleep(0)
+        held = len(consumer.calls) == 1 and committing()
+        flushing = asyncio.create_task(committer.flush())  # a flush does not wait it out
+        (await consumer.call(1)).succeed()
+        await asyncio.wait_for(flushing, 5)
+        return consumer, held
+
+    consumer, held = asyncio.run(scenario())
+    assert held
+    assert consumer.requests == [{P0: 1}, {P0: 3, P1: 1}]
+
+
+def test_a_batch_after_a_quiet_spell_is_committed_at_once() -> None:
+    async def scenario() -> ControlledConsumer:
+        now = [0.0]
+        consumer = ControlledConsumer()
+        committer = OffsetCommitter(consumer, min_interval_s=1.0, clock=lambda: now[0])
+        committer.submit({P0: 1})
+        (await consumer.call(0)).succeed()
+        await idle()
+        now[0] = 1.5  # longer ago than the interval
+        committer.submit({P0: 2})
+        (await consumer.call(1)).succeed()
+        await idle()
+        return consumer
+
+    assert asyncio.run(scenario()).requests == [{P0: 1}, {P0: 2}]
+
+
+def test_a_held_commit_goes_out_when_the_interval_ends() -> None:
+    async def scenario() -> tuple[ControlledConsumer, float]:
+        consumer = ControlledConsumer(auto=True)
+        committer = OffsetCommitter(consumer, min_interval_s=0.05)
+        committer.submit({P0: 1})
+        await consumer.call(0)
+        started = time.monotonic()
+        committer.submit({P0: 2})
+        async with asyncio.timeout(5):  # a bound: it ends on the condition
+            while len(consumer.requests) < 2:
+                consumer.acknowledged.clear()
+                await consumer.acknowledged.wait()
+        return consumer, time.monotonic() - started
+
+    consumer, waited = asyncio.run(scenario())
+    assert consumer.requests == [{P0: 1}, {P0: 2}]
+    assert waited >= 0.04  # held for (about) the interval, not sent at once
 
 
 def test_an_older_offset_never_follows_a_newer_one() -> None:
