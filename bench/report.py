@@ -88,7 +88,7 @@ def _markdown(results: dict[str, Any]) -> str:
         *_peer_rows(results),
     ]
     for key in sorted(k for k in f if k.startswith("latency_") and isinstance(f[k], float)):
-        lines.append(f"| {key} | {f[key]:.1f} ms |")
+        lines.append(f"| {key} | {f[key]:.1f} {'%' if key.endswith('_pct') else 'ms'} |")
     lines += _cpu_rows(f)
     for key in sorted(k for k in f if k.startswith("scale_")):
         unit = "ms" if key.endswith("_ms") else "events/s"

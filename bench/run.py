@@ -48,7 +48,7 @@ from psycopg.types.json import Jsonb
 from rich.console import Console
 from rich.progress import Progress
 
-from bench import cpu
+from bench import cpu, pressure
 from bench.cluster import ClusterUnavailable, private_cluster, replication
 from bench.paced import PacedProducer, SignedEvent
 from bench.peers import PAYLOAD
@@ -687,14 +687,17 @@ async def latency(env: Env, rate: int, seconds: float, preload_rows: int = 0) ->
             },
             time.perf_counter,
         )
+        stalls = pressure.Stalls(time.perf_counter)
         await producer.send_now(first)
         await _resumes_until(resumes, resumed, lambda: bool(resumed), 60)
         if not resumed:
             raise RuntimeError("the daemon published no resume within 60 s")
         meter.start()
+        stalls.start()
         sent = await producer.paced(events, rate)
         await _resumes_until(resumes, resumed, lambda: len(resumed) > warm + count, 60)
         window = meter.stop()
+        waited = stalls.stop()
     stages = _stage_times(url)
     whole: list[float] = []
     parts: dict[str, list[float]] = {name: [] for name in STAGES}
@@ -711,6 +714,7 @@ async def latency(env: Env, rate: int, seconds: float, preload_rows: int = 0) ->
         figures |= {f"{name}_{k}_ms": v for k, v in _percentiles(values).items()}
     step = max(1, len(whole) // 1000)
     cores = window.cores()
+    figures |= waited  # how long the disk and the CPU kept tasks waiting meanwhile
     return figures | {
         # What each process used of the machine while the events were sent and resumed.
         "cpu_cores": cores | {"total": sum(cores.values())},
@@ -987,8 +991,8 @@ async def _measure_latency(
     for rate in plan.rates:
         found = [await latency(env, rate, plan.latency_s) for _ in range(plan.reps)]
         for k in found[0]:
-            if k.endswith("_ms") and k != "samples_ms":
-                runs.setdefault(f"latency_{rate}_{k}", []).extend(f[k] for f in found)
+            if (k.endswith("_ms") and k != "samples_ms") or k == "cpu_wait_pct":
+                runs.setdefault(f"latency_{rate}_{k}", []).extend(f[k] for f in found if k in f)
         for f in found:
             for process, cores in f["cpu_cores"].items():
                 runs.setdefault(f"cpu_latency_{rate}_{process}_cores", []).append(cores)
@@ -1017,6 +1021,10 @@ async def _measure_scale(
             for _ in range(plan.reps)
         ]
         runs.setdefault(f"scale_{rows}_p99_ms", []).extend(f["p99_ms"] for f in found)
+        # Beside each p99, how long the disk held every task up in the same window.
+        stalled = [f["io_stall_ms"] for f in found if "io_stall_ms" in f]
+        if stalled:
+            runs.setdefault(f"scale_{rows}_io_stall_ms", []).extend(stalled)
         env.drop_preloaded()  # a 10M-row template is gigabytes of disk
         step(f"scale {rows:,}: latency")
 

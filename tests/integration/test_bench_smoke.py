@@ -56,6 +56,12 @@ def test_bench_smoke_produces_every_figure(services: Services, tmp_path: Path) -
     # resume, less than one: zero is a true reading there.
     for figure in ("cpu_pipe_kafka", "cpu_matcher_kafka", "cpu_matcher_bench"):
         assert figures[f"{figure}_us_per_event"] >= 0, figure
+    # How long the machine kept tasks waiting (bench/pressure.py), where the kernel says.
+    if Path("/proc/pressure/io").exists():
+        assert figures["latency_200_io_stall_ms"] >= 0
+        assert figures["scale_2000_io_stall_ms"] >= 0
+        assert 0 <= figures["latency_200_cpu_wait_pct"] <= 101  # a share of the window
+        assert "latency_200_cpu_wait_pct |" in (tmp_path / "results.md").read_text()
     assert "us of CPU per event" in (tmp_path / "results.md").read_text()
     assert (tmp_path / "results.md").read_text().startswith("| figure |")
     assert (tmp_path / "results.png").stat().st_size > 10_000
