@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from bench import cpu
+
 ROOT = Path("/proc/pressure")
 
 
@@ -29,36 +31,35 @@ def stalled_us(text: str, kind: str) -> int:
     raise ValueError(f"no {kind!r} total in {text!r}")
 
 
-def _reading(root: Path) -> dict[str, int] | None:
+def _total_s(path: Path, kind: str) -> float:
+    """A pressure total in seconds; a file that cannot be read as one is an OSError, which
+    the meter takes as "no figure" (as for a process that is gone)."""
     try:
-        return {
-            "io_full": stalled_us((root / "io").read_text(), "full"),
-            "cpu_some": stalled_us((root / "cpu").read_text(), "some"),
-        }
-    except (OSError, ValueError):
-        return None
+        return stalled_us(path.read_text(), kind) / 1e6
+    except ValueError as exc:
+        raise OSError(str(exc)) from exc
 
 
 class Stalls:
-    """Reads the totals at ``start()``; ``stop()`` gives the figures for the window."""
+    """The totals read by a ``cpu.Meter`` at ``start()``; ``stop()`` gives the window's
+    figures, or none unless both totals were read at both ends."""
 
     def __init__(self, clock: Callable[[], float], root: Path = ROOT) -> None:
-        self._clock = clock
-        self._root = root
-        self._started: tuple[float, dict[str, int]] | None = None
+        readers = {
+            "io_full": lambda: _total_s(root / "io", "full"),
+            "cpu_some": lambda: _total_s(root / "cpu", "some"),
+        }
+        self._meter = cpu.Meter(readers, clock)
 
     def start(self) -> None:
-        reading = _reading(self._root)
-        self._started = None if reading is None else (self._clock(), reading)
+        self._meter.start()
 
     def stop(self) -> dict[str, float]:
         """``io_stall_ms`` and ``cpu_wait_pct`` over the window; empty when unknown."""
-        after = _reading(self._root)
-        if self._started is None or after is None:
+        window = self._meter.stop()
+        if set(window.cpu_s) != {"io_full", "cpu_some"}:
             return {}
-        began, before = self._started
-        wall_us = max(self._clock() - began, 1e-9) * 1e6
         return {
-            "io_stall_ms": (after["io_full"] - before["io_full"]) / 1000,
-            "cpu_wait_pct": 100 * (after["cpu_some"] - before["cpu_some"]) / wall_us,
+            "io_stall_ms": 1000 * window.cpu_s["io_full"],
+            "cpu_wait_pct": 100 * window.cores()["cpu_some"],
         }
