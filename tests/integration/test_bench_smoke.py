@@ -39,6 +39,10 @@ def test_bench_smoke_produces_every_figure(services: Services, tmp_path: Path) -
     ):  # fmt: skip
         assert figures[name] > 0, name
     assert results["ratios"]["matcher_over_pipe"] > 0
+    # At scale, each stored run was paired with an empty run beside it.
+    assert len(results["ratio_runs"]["scale_2000_over_0"]) == 1
+    assert results["ratios"]["scale_2000_over_0"] == results["ratio_runs"]["scale_2000_over_0"][0]
+    assert len(results["runs"]["scale_0_r_matcher"]) == 1
     # The latency's stages, and the Kafka floor beside it, at the smoke run's one rate.
     for stage in ("", "stored_", "claimed_", "published_"):
         assert figures[f"latency_200_{stage}p99_ms"] > 0, stage
