@@ -1006,7 +1006,7 @@ async def _measure_latency(
     for rate in plan.rates:
         found = [await latency(env, rate, plan.latency_s) for _ in range(plan.reps)]
         for k in found[0]:
-            if (k.endswith("_ms") and k != "samples_ms") or k == "cpu_wait_pct":
+            if (k.endswith("_ms") and k != "samples_ms") or k.endswith("_pct"):
                 runs.setdefault(f"latency_{rate}_{k}", []).extend(f[k] for f in found if k in f)
         for f in found:
             for process, cores in f["cpu_cores"].items():

@@ -66,6 +66,8 @@ def test_bench_smoke_produces_every_figure(services: Services, tmp_path: Path) -
         assert figures["scale_2000_io_stall_ms"] >= 0
         assert 0 <= figures["latency_200_cpu_wait_pct"] <= 101  # a share of the window
         assert "latency_200_cpu_wait_pct |" in (tmp_path / "results.md").read_text()
+    # The hypervisor's share of the machine's CPU meanwhile (/proc/stat, any Linux).
+    assert 0 <= figures["latency_200_cpu_steal_pct"] <= 100
     assert "us of CPU per event" in (tmp_path / "results.md").read_text()
     assert (tmp_path / "results.md").read_text().startswith("| figure |")
     assert (tmp_path / "results.png").stat().st_size > 10_000
