@@ -44,11 +44,18 @@ async def claim_unpublished(
 
 async def mark_published(cur: psycopg.AsyncCursor[Any], rows: list[Claimed]) -> None:
     """Mark ``rows`` published, each with the digest of the message as sent (verify_resume
-    checks a resume against it once the message can no longer be rebuilt)."""
+    checks a resume against it once the message can no longer be rebuilt).
+
+    Planned at every call, never prepared: the relay's connection lives as long as the
+    daemon, and a plan kept from its first marks, made while the outbox was near empty,
+    read the whole outbox for every batch once it had grown (until an ANALYZE; a fifth
+    of Postgres' CPU at 2,000 events/s on a new database). Planning the update costs
+    less than a page of that scan."""
     await cur.execute(
         query("outbox", "mark_published"),
         {
             "ids": [r.id for r in rows],
             "digests": [hashlib.sha256(r.message.encode()).digest() for r in rows],
         },
+        prepare=False,
     )
