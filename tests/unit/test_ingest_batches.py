@@ -8,13 +8,14 @@ import hmac
 import threading
 from typing import Any
 
+import pytest
 from aiokafka import TopicPartition
 from hypothesis import given
 from hypothesis import strategies as st
 
 from matcher.auth.signatures import hmac_sha256
 from matcher.config import Settings
-from matcher.daemon.ingest import INLINE_JUDGE_BYTES, Ingest
+from matcher.daemon.ingest import INLINE_JUDGE_BYTES, Ingest, pacing_wait
 from matcher.kafka.fetch import Batch, FetchedRecord
 
 A, B = TopicPartition("events", 0), TopicPartition("events", 1)
@@ -46,11 +47,12 @@ class _Fetched:
         return out
 
 
-def _ingest(batch_max: int) -> Ingest:
+def _ingest(batch_max: int, interval_ms: int = 0) -> Ingest:
     settings = Settings(
         kafka_bootstrap_servers="k:9092",
         database_url="postgresql://u@h/d",
         ingest_batch_max=batch_max,
+        ingest_batch_interval_ms=interval_ms,
     )
     return Ingest(settings, pool=None, stop=asyncio.Event(), on_resolved=lambda: None)  # type: ignore[arg-type]
 
@@ -110,3 +112,47 @@ def test_large_batches_are_judged_off_the_event_loop(monkeypatch: Any) -> None:
     main = threading.main_thread().name
     assert judged_on[0] != main
     assert judged_on[1] == main
+
+
+@given(
+    st.none() | st.floats(0, 100),
+    st.floats(0, 2),
+    st.floats(0, 1),
+    st.integers(1, 2000),
+    st.integers(1, 1000),
+)
+def test_a_batch_waits_at_most_the_interval_and_only_behind_a_recent_one(
+    last: float | None, elapsed: float, interval: float, records: int, batch_max: int
+) -> None:
+    now = (last or 0.0) + elapsed
+    wait = pacing_wait(last, now, interval, records, batch_max)
+    assert 0.0 <= wait <= interval
+    if last is None or records >= batch_max or elapsed >= interval:
+        assert wait == 0.0  # a first batch, a full one, or one after a quiet spell
+    else:
+        assert wait == pytest.approx(interval - elapsed)  # until the interval is out
+
+
+def test_pacing_waits_out_the_interval_then_takes_what_arrived() -> None:
+    """Behind a batch begun just now, the next waits and is topped up; the first batch,
+    and a full one, go at once without a top-up."""
+
+    async def paced(began_ago_s: float | None, batch_max: int) -> tuple[list[int], _Fetched]:
+        ingest = _ingest(batch_max=batch_max, interval_ms=20)
+        loop = asyncio.get_running_loop()
+        if began_ago_s is not None:
+            ingest._batch_began = loop.time() - began_ago_s
+        batch: Batch = {A: [_record(A, 0)]}
+        fetched = _Fetched([_record(A, 1), _record(A, 2)])
+        records = await ingest._judged(batch)
+        await ingest._paced(fetched, batch, records)  # type: ignore[arg-type]
+        assert ingest._batch_began is not None
+        assert ingest._batch_began >= loop.time() - 1
+        return [r.offset for r in records], fetched
+
+    offsets, fetched = asyncio.run(paced(began_ago_s=0.0, batch_max=10))
+    assert offsets == [0, 1, 2]
+    assert fetched.asked == [(0, 9)]
+    for began_ago_s, batch_max in ((None, 10), (1.0, 10), (0.0, 1)):
+        offsets, fetched = asyncio.run(paced(began_ago_s, batch_max))
+        assert (offsets, fetched.asked) == ([0], []), (began_ago_s, batch_max)
