@@ -126,7 +126,8 @@ def event(
     )
 
 
-def _producer(settings: Settings, **options: Any) -> AIOKafkaProducer:
+def events_producer(settings: Settings, **options: Any) -> AIOKafkaProducer:
+    """A producer to the events topic's cluster, idempotent, to be ``started``."""
     return AIOKafkaProducer(
         **settings.kafka_client_options(),
         enable_idempotence=True,
@@ -146,7 +147,7 @@ async def produce(
     """Send ``events`` and wait for every acknowledgement, within ``timeout`` (TimeoutError
     past it: the producer is then abandoned, and its unacknowledged sends may or may not
     have been written)."""
-    async with started(_producer(settings, linger_ms=5), timeout) as producer:
+    async with started(events_producer(settings, linger_ms=5), timeout) as producer:
         async with asyncio.timeout(timeout):
             futures = []
             for e in events:
@@ -164,7 +165,7 @@ async def produce_raw(
     timeout: float = KAFKA_CALL_TIMEOUT_S,
 ) -> None:
     """Send (key, headers, value) exactly as given, in order, each within ``timeout``."""
-    async with started(_producer(settings), timeout) as producer:
+    async with started(events_producer(settings), timeout) as producer:
         for key, headers, value in messages:
             await bounded(
                 producer.send_and_wait(settings.events_topic, value, key=key, headers=headers),

@@ -7,12 +7,16 @@ import random
 from datetime import UTC, datetime, timedelta
 
 import psycopg
+from aiokafka import AIOKafkaProducer
 
 from matcher.config import Settings
+from matcher.domain.events import CompletionEvent
 from matcher.domain.waits import WaitSpec, WaitState
 from matcher.sdk import advance, register_wait
 from tests.helpers import (
+    bounded,
     event,
+    events_producer,
     eventually,
     produce,
     produce_raw,
@@ -20,6 +24,7 @@ from tests.helpers import (
     rows,
     running_daemon,
     scalar,
+    started,
     to_record,
 )
 
@@ -242,3 +247,38 @@ async def test_advance_is_once_per_resolution(settings: Settings) -> None:
         assert advance(conn, resume) is False
     [run] = rows(settings, "SELECT * FROM matcher.runs")
     assert (run["position"], run["last_resolution_id"]) == (1, resume.resolution_id)
+
+
+async def test_a_batch_interval_stores_a_steady_flow_a_few_events_at_a_time(
+    settings: Settings,
+) -> None:
+    """With MATCHER_INGEST_BATCH_INTERVAL_MS, what arrives within the interval after a
+    batch began is stored by the next transaction, together; without it, events 40 ms
+    apart (many cycles) are a transaction each. A transaction's events share their
+    received_at, the time it began. The first batch, after a quiet spell, goes at once."""
+    paced = settings.model_copy(update={"ingest_batch_interval_ms": 1000})
+    first, *rest = [event() for _ in range(5)]
+
+    async def send(producer: AIOKafkaProducer, sent: CompletionEvent) -> None:
+        key, headers, value = to_record(sent)
+        await bounded(producer.send_and_wait(paced.events_topic, value, key=key, headers=headers))
+
+    async with running_daemon(paced), started(events_producer(paced)) as producer:
+        await send(producer, first)
+        await eventually(
+            lambda: scalar(paced, "SELECT count(*) FROM matcher.inbox") == 1,
+            what="the first event stored",
+        )
+        for sent in rest:
+            await send(producer, sent)
+            await asyncio.sleep(0.04)  # the load's pace, not a wait for anything
+        await eventually(
+            lambda: scalar(paced, "SELECT count(*) FROM matcher.inbox") == 5,
+            what="the rest stored",
+        )
+    transactions = scalar(
+        paced,
+        "SELECT count(DISTINCT received_at) FROM matcher.inbox WHERE event_id = ANY(%s)",
+        [[e.id for e in rest]],
+    )
+    assert transactions == 1, f"the four events were stored by {transactions} transactions"

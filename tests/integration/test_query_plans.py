@@ -422,16 +422,17 @@ def _rows_through(node: dict[str, Any]) -> float:
 
 
 async def test_the_relays_mark_reads_few_rows_after_the_outbox_grew(db_url: str) -> None:
-    """The relay marks what it published by id, on a connection that lives as long as the
-    daemon. Its first marks ran on a near-empty outbox, and the plan kept from them (psycopg
-    prepares a statement on its fifth run, Postgres keeps a generic plan after five more)
+    """The relay marks what it published by id, on pooled connections that live up to an
+    hour. Their first marks ran on a near-empty outbox, and the plan kept from them (psycopg
+    prepares a statement after five runs, Postgres keeps a generic plan after five more)
     read the whole outbox for every batch once it had grown: 0.9 ms a mark of three
     rows at 500 events/s, a fifth of Postgres' CPU at 2,000/s, until an ANALYZE. Whatever
     the session saw first, a mark of two reads a few rows."""
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
         # Never analyzed: the planner knows the outbox only by its size on disk.
         await conn.execute("ALTER TABLE matcher.outbox SET (autovacuum_enabled = off)")
-        # Ten runs beyond psycopg's and Postgres' thresholds on the near-empty outbox.
+        # Twelve marks on the near-empty outbox: past psycopg's threshold and Postgres'
+        # five custom plans, so that a kept generic plan would be made here.
         for _ in range(12):
             rows = await _unpublished(conn, 2)
             async with conn.cursor() as cur:

@@ -33,13 +33,16 @@ def _record(tp: TopicPartition, offset: int, size: int = 10) -> FetchedRecord:
 class _Fetched:
     """What a fetcher has already fetched: handed over in order, at most as asked."""
 
-    def __init__(self, records: list[FetchedRecord]) -> None:
+    def __init__(self, records: list[FetchedRecord], per_call: int | None = None) -> None:
         self.records = records
+        self.per_call = per_call  # as a client that holds one fetch of a partition at a time
         self.asked: list[tuple[int, int | None]] = []
 
     async def getmany(self, timeout_ms: int = 0, max_records: int | None = None) -> Batch:
         self.asked.append((timeout_ms, max_records))
-        taken = self.records[:max_records]
+        if not self.records:
+            await asyncio.sleep(timeout_ms / 1000)  # nothing comes within the wait
+        taken = self.records[: min(max_records or len(self.records), self.per_call or 10**9)]
         self.records = self.records[len(taken) :]
         out: Batch = {}
         for r in taken:
@@ -133,9 +136,10 @@ def test_a_batch_waits_at_most_the_interval_and_only_behind_a_recent_one(
         assert wait == pytest.approx(interval - elapsed)  # until the interval is out
 
 
-def test_pacing_waits_out_the_interval_then_takes_what_arrived() -> None:
-    """Behind a batch begun just now, the next waits and is topped up; the first batch,
-    and a full one, go at once without a top-up."""
+def test_pacing_waits_out_the_interval_taking_what_arrives() -> None:
+    """Behind a batch begun just now, the next takes what arrives until the interval is
+    out, however many fetches that is (a client hands over one fetch of a partition at
+    a time); the first batch, a full one, and one after a quiet spell go at once."""
 
     async def paced(began_ago_s: float | None, batch_max: int) -> tuple[list[int], _Fetched]:
         ingest = _ingest(batch_max=batch_max, interval_ms=20)
@@ -143,7 +147,7 @@ def test_pacing_waits_out_the_interval_then_takes_what_arrived() -> None:
         if began_ago_s is not None:
             ingest._batch_began = loop.time() - began_ago_s
         batch: Batch = {A: [_record(A, 0)]}
-        fetched = _Fetched([_record(A, 1), _record(A, 2)])
+        fetched = _Fetched([_record(A, 1), _record(A, 2), _record(A, 3)], per_call=1)
         records = await ingest._judged(batch)
         await ingest._paced(fetched, batch, records)  # type: ignore[arg-type]
         assert ingest._batch_began is not None
@@ -151,8 +155,9 @@ def test_pacing_waits_out_the_interval_then_takes_what_arrived() -> None:
         return [r.offset for r in records], fetched
 
     offsets, fetched = asyncio.run(paced(began_ago_s=0.0, batch_max=10))
-    assert offsets == [0, 1, 2]
-    assert fetched.asked == [(0, 9)]
+    assert offsets == [0, 1, 2, 3]
+    assert [room for _, room in fetched.asked[:3]] == [9, 8, 7]
+    assert all(0 < wait <= 20 for wait, _ in fetched.asked)
     for began_ago_s, batch_max in ((None, 10), (1.0, 10), (0.0, 1)):
         offsets, fetched = asyncio.run(paced(began_ago_s, batch_max))
         assert (offsets, fetched.asked) == ([0], []), (began_ago_s, batch_max)
