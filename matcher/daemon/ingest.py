@@ -216,15 +216,7 @@ class Ingest:
                     # and an event would otherwise wait out two store cycles, not one.
                     await self._top_up(fetcher, batch, records)
                 if batch:
-                    # Taken before the batch is paced and its task starts, so a revocation
-                    # waits for this batch (a paced one, topped up after its wait, too).
-                    await self._batch_lock.acquire()
-                    try:
-                        await self._paced(fetcher, batch, records)
-                    except BaseException:
-                        self._batch_lock.release()
-                        raise
-                    in_flight = asyncio.create_task(self._handle_locked(committer, batch, records))
+                    in_flight = await self._begin(committer, fetcher, batch, records)
                 committer.tick()
                 await self._measure_lag(consumer, committer)
             if in_flight is not None:
@@ -270,6 +262,24 @@ class Ingest:
         records.extend(await self._judged(more))
         for tp, messages in more.items():
             batch.setdefault(tp, []).extend(messages)
+
+    async def _begin(
+        self,
+        committer: OffsetCommitter,
+        fetcher: SafeFetcher,
+        batch: Batch,
+        records: list[IngestRecord],
+    ) -> asyncio.Task[None]:
+        """Pace ``batch``, then store it in a task of its own. The batch lock is taken
+        first, so a revocation waits for this batch (a paced one, topped up during its
+        wait, too); the task releases it."""
+        await self._batch_lock.acquire()
+        try:
+            await self._paced(fetcher, batch, records)
+        except BaseException:
+            self._batch_lock.release()
+            raise
+        return asyncio.create_task(self._handle_locked(committer, batch, records))
 
     async def _paced(self, fetcher: SafeFetcher, batch: Batch, records: list[IngestRecord]) -> None:
         """Hold ``batch`` until ``ingest_batch_interval_ms`` after the batch before it
