@@ -37,6 +37,7 @@ from matcher.kafka.bounded import start_consumer, stop_consumer
 from matcher.kafka.commits import OffsetCommitter
 from matcher.kafka.dead_letters import DeadLetters
 from matcher.kafka.fetch import Batch, SafeFetcher
+from matcher.kafka.fetch_wait import FlowFetchWait
 from matcher.metrics import EVENTS_RECEIVED, EVENTS_REJECTED
 from matcher.store.ingest import BatchResult, IngestRecord, store_batch
 from matcher.store.maintenance import ensure_days
@@ -158,6 +159,7 @@ class Ingest:
         self._on_resolved = on_resolved
         self._batch_lock = asyncio.Lock()
         self._batch_began: float | None = None  # on the event loop's clock
+        self._fetch_wait = FlowFetchWait(None, 0)  # the consumer's, once run() makes it
         self.consumer: AIOKafkaConsumer | None = None
         self.committer: OffsetCommitter | None = None
 
@@ -178,6 +180,7 @@ class Ingest:
         # Every fetch goes through the fetcher, which hands over what the client cannot
         # decode as undecodable records instead of failing (and told of rebalances).
         fetcher = SafeFetcher(consumer)
+        self._fetch_wait = FlowFetchWait(consumer, s.ingest_fetch_wait_ms)
         consumer.subscribe(
             [s.events_topic],
             listener=fetcher.rebalance_listener(_Revocations(self._batch_lock, self)),
@@ -204,9 +207,7 @@ class Ingest:
         in_flight: asyncio.Task[None] | None = None
         try:
             while not self._stop.is_set():
-                batch = await fetcher.getmany(
-                    timeout_ms=s.ingest_poll_timeout_ms, max_records=s.ingest_batch_max
-                )
+                batch = await self._fetch(fetcher, s.ingest_poll_timeout_ms, s.ingest_batch_max)
                 records = await self._judged(batch)
                 if in_flight is not None:
                     await in_flight
@@ -248,6 +249,21 @@ class Ingest:
             return to_ingest_records(batch, registry, self._policy)
         return await asyncio.to_thread(to_ingest_records, batch, registry, self._policy)
 
+    async def _fetch(self, fetcher: SafeFetcher, timeout_ms: int, max_records: int) -> Batch:
+        """``getmany``, telling the fetch wait whether records came. While the wait is on,
+        a call waits no longer than its patience, so that a quiet spell turns the wait off
+        soon rather than after the whole timeout (spent fetching every few ms)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        while True:
+            patience = self._fetch_wait.patience_ms
+            step = timeout_ms if patience is None else min(timeout_ms, patience)
+            batch = await fetcher.getmany(timeout_ms=step, max_records=max_records)
+            self._fetch_wait.note(sum(map(len, batch.values())), loop.time())
+            timeout_ms = round((deadline - loop.time()) * 1000)
+            if batch or timeout_ms <= 0:
+                return batch
+
     async def _top_up(
         self, fetcher: SafeFetcher, batch: Batch, records: list[IngestRecord], wait_ms: int = 0
     ) -> None:
@@ -256,7 +272,7 @@ class Ingest:
         room = self._settings.ingest_batch_max - len(records)
         if room <= 0:
             return
-        more = await fetcher.getmany(timeout_ms=wait_ms, max_records=room)
+        more = await self._fetch(fetcher, wait_ms, room)
         if not more:
             return
         records.extend(await self._judged(more))
