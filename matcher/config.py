@@ -212,10 +212,10 @@ class Settings(KafkaSettings):
     # at 2,000/s the p99 median was 45 -> 35 ms in 3 pairs. A revocation waits for a batch
     # being paced, so it may wait this much longer.
     ingest_batch_interval_ms: int = Field(default=4, ge=0, le=1000)
-    # While events flow (at least one per wait, over the last 8 waits), the broker holds
-    # each ingest fetch up to this long (0: never), so that a fetch carries a few ms of
-    # events rather than one; below that rate, and when idle, fetches are as without it
-    # (matcher/kafka/fetch_wait.py).
+    # While events flow (at least 8 records in the last 8 waits: one per wait on average),
+    # the broker holds each ingest fetch up to this long (0: never), so that a fetch
+    # carries a few ms of events rather than one; below that rate, and when idle,
+    # fetches are as without it (matcher/kafka/fetch_wait.py).
     ingest_fetch_wait_ms: int = Field(default=4, ge=0, le=100)
     # How soon the group notices a daemon that died (it then moves its partitions).
     kafka_session_timeout_ms: int = Field(default=10_000, ge=1000)

@@ -228,6 +228,7 @@ class Ingest:
                 in_flight.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await in_flight
+            self._fetch_wait.close()
             # Leaves the group at once, so the partitions move without a session timeout.
             await stop_consumer(consumer, CALL_TIMEOUT_S)
             metrics.ASSIGNED_PARTITIONS.set(0)
@@ -250,19 +251,10 @@ class Ingest:
         return await asyncio.to_thread(to_ingest_records, batch, registry, self._policy)
 
     async def _fetch(self, fetcher: SafeFetcher, timeout_ms: int, max_records: int) -> Batch:
-        """``getmany``, telling the fetch wait whether records came. While the wait is on,
-        a call waits no longer than its patience, so that a quiet spell turns the wait off
-        soon rather than after the whole timeout (spent fetching every few ms)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_ms / 1000
-        while True:
-            patience = self._fetch_wait.patience_ms
-            step = timeout_ms if patience is None else min(timeout_ms, patience)
-            batch = await fetcher.getmany(timeout_ms=step, max_records=max_records)
-            self._fetch_wait.note(sum(map(len, batch.values())), loop.time())
-            timeout_ms = round((deadline - loop.time()) * 1000)
-            if batch or timeout_ms <= 0:
-                return batch
+        """``getmany``, telling the fetch wait how many records came."""
+        batch = await fetcher.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        self._fetch_wait.note(sum(map(len, batch.values())), asyncio.get_running_loop().time())
+        return batch
 
     async def _top_up(
         self, fetcher: SafeFetcher, batch: Batch, records: list[IngestRecord], wait_ms: int = 0

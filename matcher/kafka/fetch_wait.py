@@ -11,9 +11,9 @@ instead. Left on all the time, though, an idle daemon would fetch every few mill
 with the wait on for two waits after any record: p50 2.4 -> 4.5 ms, and more CPU, not
 less). Kafka can hold a fetch only for "this many bytes or this long", not "a little
 after the first byte", so the wait is switched: on while the last ``WINDOW_WAITS`` waits
-brought at least one record per wait on average (where a held fetch costs less than a
-fetch per event), off otherwise; the first events after a quiet spell are fetched at
-once.
+brought at least ``WINDOW_WAITS`` records, one per wait on average (where a held fetch
+costs less than a fetch per event), off otherwise; the first events after a quiet spell
+are fetched at once.
 
 What it leans on beyond aiokafka's public API (pinned below 0.15): the consumer's
 ``_fetcher`` (created by ``start``) and its ``_fetch_max_wait_ms`` and
@@ -24,6 +24,7 @@ wait stays off (one warning), and fetching goes on as configured.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import deque
 from typing import Any
@@ -41,14 +42,20 @@ WINDOW_WAITS = 8  # how many waits' worth of records decide whether events flow
 
 
 def flowing(recent_records: int, wait_ms: int) -> bool:
-    """Whether events flow densely enough for a held fetch: ``recent_records`` came in
-    the last ``WINDOW_WAITS`` waits, at least one per wait."""
+    """Whether events flow densely enough for a held fetch: at least ``WINDOW_WAITS``
+    records (``recent_records``) came in the last ``WINDOW_WAITS`` waits, one per wait
+    on average."""
     return wait_ms > 0 and recent_records >= WINDOW_WAITS
 
 
 class FlowFetchWait:
     """Switches the broker's fetch wait of ``consumer`` on while records come densely (see
-    the module's note). ``wait_ms`` 0 leaves the consumer as it is."""
+    the module's note). ``wait_ms`` 0 leaves the consumer as it is.
+
+    Fetch calls report to ``note``. While the wait is on, a timer on the running loop
+    also looks again once a window has passed, so the wait goes off after a quiet
+    spell even while nobody fetches (a batch stored through a Postgres outage, say),
+    rather than leaving the client fetching every few milliseconds."""
 
     def __init__(self, consumer: Any, wait_ms: int) -> None:
         self._consumer = consumer
@@ -58,17 +65,11 @@ class FlowFetchWait:
         self._recent_records = 0
         self._on = False
         self._usual: tuple[int, int] | None = None  # the consumer's own (max wait, min bytes)
+        self._timer: asyncio.TimerHandle | None = None
 
     @property
     def on(self) -> bool:
         return self._on
-
-    @property
-    def patience_ms(self) -> int | None:
-        """How long one fetch call may wait before ``note`` must be called again (while
-        the wait is on, so that a quiet spell turns it off soon); None: as long as it
-        likes."""
-        return 2 * self._wait_ms if self._on else None
 
     def note(self, records: int, now: float) -> None:
         """Tell it a fetch call returned ``records`` records at ``now`` (loop time)."""
@@ -84,6 +85,19 @@ class FlowFetchWait:
         if wanted != self._on:
             self._switch(wanted)
 
+    def close(self) -> None:
+        """Stop looking again (the consumer is being stopped)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _look_again(self) -> None:
+        self._timer = None
+        loop = asyncio.get_running_loop()
+        self.note(0, loop.time())
+        if self._on and self._timer is None:
+            self._timer = loop.call_later(self._window_s, self._look_again)
+
     def _switch(self, on: bool) -> None:
         fetcher = getattr(self._consumer, "_fetcher", None)
         if fetcher is None:  # not started yet
@@ -98,3 +112,11 @@ class FlowFetchWait:
         fetcher._fetch_max_wait_ms = wait_ms
         fetcher._fetch_min_bytes = min_bytes
         self._on = on
+        if not on:
+            self.close()
+        elif self._timer is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # driven by hand, as in the unit tests: by note alone
+                return
+            self._timer = loop.call_later(self._window_s, self._look_again)
