@@ -51,6 +51,9 @@ LAG_LOOKUP_TIMEOUT_S = 2.0
 # A batch whose keys and values add up to no more than this is judged on the event loop
 # (a few milliseconds at most); a larger one in a worker thread.
 INLINE_JUDGE_BYTES = 64 * 1024
+# How long past its timeout a fetch made while a batch is paced may take before it is cut
+# off (a busy machine's lateness; see Ingest._paced).
+PACED_FETCH_GRACE_S = 0.1
 
 # Worth retrying the same batch: the database or the network, not the data.
 _TRANSIENT = (
@@ -250,21 +253,37 @@ class Ingest:
             return to_ingest_records(batch, registry, self._policy)
         return await asyncio.to_thread(to_ingest_records, batch, registry, self._policy)
 
-    async def _fetch(self, fetcher: SafeFetcher, timeout_ms: int, max_records: int) -> Batch:
-        """``getmany``, telling the fetch wait how many records came."""
-        batch = await fetcher.getmany(timeout_ms=timeout_ms, max_records=max_records)
+    async def _fetch(
+        self, fetcher: SafeFetcher, timeout_ms: int, max_records: int, bound_s: float | None = None
+    ) -> Batch:
+        """``getmany``, telling the fetch wait how many records came; given ``bound_s``,
+        nothing (the call cancelled, which hands nothing over) if it is not back by then."""
+        if bound_s is None:
+            batch = await fetcher.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        else:
+            try:
+                async with asyncio.timeout(bound_s):
+                    batch = await fetcher.getmany(timeout_ms=timeout_ms, max_records=max_records)
+            except TimeoutError:
+                batch = {}
         self._fetch_wait.note(sum(map(len, batch.values())), asyncio.get_running_loop().time())
         return batch
 
     async def _top_up(
-        self, fetcher: SafeFetcher, batch: Batch, records: list[IngestRecord], wait_ms: int = 0
+        self,
+        fetcher: SafeFetcher,
+        batch: Batch,
+        records: list[IngestRecord],
+        wait_ms: int = 0,
+        bound_s: float | None = None,
     ) -> None:
         """Add to ``batch`` (and its ``records``) what is fetched, up to the batch size:
-        what is already there, or the first records within ``wait_ms``."""
+        what is already there, or the first records within ``wait_ms`` (and, given
+        ``bound_s``, nothing if the fetch is not back within it)."""
         room = self._settings.ingest_batch_max - len(records)
         if room <= 0:
             return
-        more = await self._fetch(fetcher, wait_ms, room)
+        more = await self._fetch(fetcher, wait_ms, room, bound_s)
         if not more:
             return
         records.extend(await self._judged(more))
@@ -297,7 +316,12 @@ class Ingest:
 
         The wait is spent fetching, not sleeping: the client fetches a partition again
         only once what it holds of it has been taken, so a batch topped up once, at the
-        end, would hold at most one fetch of each partition."""
+        end, would hold at most one fetch of each partition.
+
+        Each fetch is bounded: once a rebalance has begun, aiokafka's ``getmany`` waits
+        for the next assignment however short its timeout, and the revocation that
+        must come first waits for the batch lock this batch holds. Cut off, the fetch
+        hands nothing over and the batch goes as it is."""
         loop = asyncio.get_running_loop()
         s = self._settings
         wait = pacing_wait(
@@ -306,7 +330,10 @@ class Ingest:
         )  # fmt: skip
         deadline = loop.time() + wait
         while (left := deadline - loop.time()) > 0 and len(records) < s.ingest_batch_max:
-            await self._top_up(fetcher, batch, records, wait_ms=max(1, round(left * 1000)))
+            await self._top_up(
+                fetcher, batch, records, wait_ms=max(1, round(left * 1000)),
+                bound_s=left + PACED_FETCH_GRACE_S,
+            )  # fmt: skip
         self._batch_began = loop.time()
 
     async def _handle_locked(

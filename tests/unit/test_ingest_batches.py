@@ -161,3 +161,37 @@ def test_pacing_waits_out_the_interval_taking_what_arrives() -> None:
     for began_ago_s, batch_max in ((None, 10), (1.0, 10), (0.0, 1)):
         offsets, fetched = asyncio.run(paced(began_ago_s, batch_max))
         assert (offsets, fetched.asked) == ([0], []), (began_ago_s, batch_max)
+
+
+class _Reassigning(_Fetched):
+    """A client in the middle of a rebalance: after handing over what it holds, its
+    ``getmany`` waits for the next assignment whatever its timeout, as aiokafka's does,
+    and that assignment waits for the revocation, which waits for the paced batch."""
+
+    async def getmany(self, timeout_ms: int = 0, max_records: int | None = None) -> Batch:
+        if self.records:
+            return await super().getmany(timeout_ms, max_records)
+        self.asked.append((timeout_ms, max_records))
+        await asyncio.Event().wait()  # the assignment that cannot come
+        raise AssertionError("unreachable")
+
+
+def test_a_paced_batch_is_not_held_by_a_rebalance_it_holds_up() -> None:
+    """The pacing fetches while holding the batch lock a revocation waits for: a fetch
+    that waits for the next assignment must be cut off, and the batch go as it is."""
+
+    async def paced() -> tuple[list[int], float]:
+        ingest = _ingest(batch_max=10, interval_ms=20)
+        loop = asyncio.get_running_loop()
+        ingest._batch_began = loop.time()
+        batch: Batch = {A: [_record(A, 0)]}
+        fetched = _Reassigning([_record(A, 1)], per_call=1)
+        records = await ingest._judged(batch)
+        began = loop.time()
+        await asyncio.wait_for(ingest._paced(fetched, batch, records), 10)  # type: ignore[arg-type]
+        assert [m.offset for m in batch[A]] == [0, 1]
+        return [r.offset for r in records], loop.time() - began
+
+    offsets, took = asyncio.run(paced())
+    assert offsets == [0, 1]
+    assert took < 5  # the interval and the grace, not the 10 s guard
