@@ -31,7 +31,8 @@ Every await on the failure path is bounded in time, and each call returns within
 A call cancelled half-way hands nothing over and rewinds what it had read.
 
 What it leans on beyond aiokafka's public API (pinned below 0.15): the consumer's
-``_client`` (for the raw fetch), its settings ``_isolation_level``,
+``_client`` (for the raw fetch), its subscription's ``_fetch_count`` and
+``_last_fetch_ended`` (put right after a cancelled call), its settings ``_isolation_level``,
 ``_auto_offset_reset``, ``_max_poll_records`` and ``_max_partition_fetch_bytes`` (the raw
 fetch must see what the consumer sees), and the names of the ``PartitionRecords`` methods
 that decode (to tell a decoding failure from a bug elsewhere). It assumes ``check_crcs``
@@ -45,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -75,6 +77,19 @@ _DECODING_CODE = frozenset(
     if hasattr(PartitionRecords, name)
 )
 _BLIND_AFTER = 4  # failures at one position, its bytes unreadable, before it is skipped
+
+
+def _count_cancelled_fetch_out(consumer: Any) -> None:
+    """aiokafka (0.14) counts a ``getmany`` in and out of progress with a context manager
+    that does not count a cancelled one out; after that the consumer looks busy for ever
+    to its own ``max_poll_interval_ms`` watchdog, which leaves the group when the loop
+    stops fetching. Only one ``getmany`` runs at a time here, so after a cancelled one
+    none is in progress (a client that counts it out itself is left as it is)."""
+    subscription: Any = getattr(consumer, "_subscription", None)
+    count = getattr(subscription, "_fetch_count", None)
+    if isinstance(count, int) and count > 0:
+        subscription._fetch_count = 0
+        subscription._last_fetch_ended = time.monotonic()
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +161,7 @@ class SafeFetcher:
         if self.isolating:
             return await self._isolate(timeout_ms, max_records)
         try:
-            batch = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+            batch = await self._consumer_getmany(timeout_ms=timeout_ms, max_records=max_records)
         except Exception as exc:
             if not is_decoding_failure(exc):
                 raise
@@ -156,6 +171,20 @@ class SafeFetcher:
             self._begin_isolation()
             return await self._isolate(timeout_ms, max_records)
         return self._hand_over(batch)
+
+    async def _consumer_getmany(
+        self, *partitions: TopicPartition, timeout_ms: int, max_records: int | None
+    ) -> dict[TopicPartition, list[Any]]:
+        """The consumer's ``getmany``, its count of fetches in progress put right if the
+        call is cancelled (see ``_count_cancelled_fetch_out``)."""
+        try:
+            batch: dict[TopicPartition, list[Any]] = await self._consumer.getmany(
+                *partitions, timeout_ms=timeout_ms, max_records=max_records
+            )
+        except asyncio.CancelledError:
+            _count_cancelled_fetch_out(self._consumer)
+            raise
+        return batch
 
     def forget(self, partitions: Iterable[TopicPartition]) -> None:
         """Drop what is known of these partitions: call it from the rebalance listener,
@@ -334,7 +363,7 @@ class SafeFetcher:
     ) -> list[FetchedRecord]:
         k = min(self._steps.get(tp, room), room)
         try:
-            batch = await self._consumer.getmany(tp, timeout_ms=wait_ms, max_records=k)
+            batch = await self._consumer_getmany(tp, timeout_ms=wait_ms, max_records=k)
         except Exception as exc:
             if not is_decoding_failure(exc):
                 raise

@@ -8,6 +8,7 @@ pure-Python batch builder fed a ``str`` whose ``encode`` returns raw bytes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import logging
@@ -22,7 +23,7 @@ from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
 
 from matcher.config import Settings
 from matcher.kafka.fetch import FetchedRecord, SafeFetcher
-from tests.helpers import RawHeaderName, started
+from tests.helpers import RawHeaderName, eventually, started
 
 Test = Callable[..., Awaitable[None]]
 BAD_NAME = b"\xff\xfebad-\xc3"  # not UTF-8: aiokafka raises UnicodeDecodeError on it
@@ -472,3 +473,22 @@ async def test_calls_cancelled_anywhere_lose_nothing(settings: Settings) -> None
                 break
     check(got, produced)
     assert cancelled > 0
+
+
+@bounded(60)
+async def test_a_cancelled_fetch_leaves_the_consumer_idle_not_busy(settings: Settings) -> None:
+    """aiokafka counts a cancelled ``getmany`` as still in progress, after which its
+    ``max_poll_interval_ms`` watchdog never sees the loop idle; the fetcher puts the
+    count right (the ingest loop cancels fetches made while a batch is paced)."""
+    consumer = consumer_for(settings)
+    async with started(consumer):
+        subscription: Any = consumer._subscription
+        call = asyncio.create_task(SafeFetcher(consumer).getmany(timeout_ms=30_000))
+        await eventually(lambda: subscription._fetch_count == 1, timeout=10, interval=0.01)
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+        await eventually(
+            lambda: subscription.fetcher_idle_time > 0.05, timeout=10, interval=0.01,
+            what="the consumer seen idle after its fetch was cancelled",
+        )  # fmt: skip
