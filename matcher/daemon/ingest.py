@@ -258,14 +258,14 @@ class Ingest:
     ) -> Batch:
         """``getmany``, telling the fetch wait how many records came; given ``bound_s``,
         nothing (the call cancelled, which hands nothing over) if it is not back by then."""
-        if bound_s is None:
-            batch = await fetcher.getmany(timeout_ms=timeout_ms, max_records=max_records)
-        else:
-            try:
-                async with asyncio.timeout(bound_s):
-                    batch = await fetcher.getmany(timeout_ms=timeout_ms, max_records=max_records)
-            except TimeoutError:
-                batch = {}
+        bound = asyncio.timeout(bound_s)  # None: no bound
+        try:
+            async with bound:
+                batch = await fetcher.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        except TimeoutError:
+            if not bound.expired():  # the fetcher's own, not the bound's
+                raise
+            batch = {}
         self._fetch_wait.note(sum(map(len, batch.values())), asyncio.get_running_loop().time())
         return batch
 

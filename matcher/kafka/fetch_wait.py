@@ -41,11 +41,11 @@ _FIELDS = ("_fetch_max_wait_ms", "_fetch_min_bytes")
 WINDOW_WAITS = 8  # how many waits' worth of records decide whether events flow
 
 
-def flowing(recent_records: int, wait_ms: int) -> bool:
+def flowing(recent_records: int) -> bool:
     """Whether events flow densely enough for a held fetch: at least ``WINDOW_WAITS``
     records (``recent_records``) came in the last ``WINDOW_WAITS`` waits, one per wait
     on average."""
-    return wait_ms > 0 and recent_records >= WINDOW_WAITS
+    return recent_records >= WINDOW_WAITS
 
 
 class FlowFetchWait:
@@ -81,7 +81,7 @@ class FlowFetchWait:
             self._recent_records += records
         while recent and now - recent[0][0] >= self._window_s:
             self._recent_records -= recent.popleft()[1]
-        wanted = flowing(self._recent_records, self._wait_ms)
+        wanted = flowing(self._recent_records)
         if wanted != self._on:
             self._switch(wanted)
 
