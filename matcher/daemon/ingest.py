@@ -123,13 +123,11 @@ def to_ingest_records(batch: Batch, registry: Registry, policy: Policy) -> list[
     return records
 
 
-def pacing_wait(
-    last_began: float | None, now: float, interval_s: float, records: int, batch_max: int
-) -> float:
-    """How long a batch of ``records`` waits before its transaction begins: until
-    ``interval_s`` after the one before began, unless it is full (a backlog goes at full
-    speed) or there was none."""
-    if last_began is None or records >= batch_max:
+def pacing_wait(last_began: float | None, now: float, interval_s: float) -> float:
+    """How long a batch waits before its transaction begins: until ``interval_s`` after
+    the one before began, or not at all if there was none. (A full batch does not wait
+    either: the pacing stops taking records, and waiting, once the batch is full.)"""
+    if last_began is None:
         return 0.0
     return min(interval_s, max(0.0, last_began + interval_s - now))
 
@@ -324,11 +322,9 @@ class Ingest:
         hands nothing over and the batch goes as it is."""
         loop = asyncio.get_running_loop()
         s = self._settings
-        wait = pacing_wait(
-            self._batch_began, loop.time(), s.ingest_batch_interval_ms / 1000, len(records),
-            s.ingest_batch_max,
-        )  # fmt: skip
+        wait = pacing_wait(self._batch_began, loop.time(), s.ingest_batch_interval_ms / 1000)
         deadline = loop.time() + wait
+        # A full batch (a backlog) goes at once.
         while (left := deadline - loop.time()) > 0 and len(records) < s.ingest_batch_max:
             await self._top_up(
                 fetcher, batch, records, wait_ms=max(1, round(left * 1000)),
