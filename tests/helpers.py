@@ -36,6 +36,7 @@ from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
 from psycopg import sql as pgsql
 from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
 
 from matcher.auth.gate import judge
 from matcher.auth.policy import Policy
@@ -43,6 +44,7 @@ from matcher.auth.record import RawRecord
 from matcher.auth.registry import Registry
 from matcher.config import Settings
 from matcher.daemon import app as daemon_app
+from matcher.daemon.ingest import Ingest
 from matcher.domain.events import CompletionEvent, Rejection
 from matcher.domain.resume import ResumeData
 from matcher.domain.waits import WaitSpec
@@ -183,6 +185,37 @@ async def running_daemon(settings: Settings) -> AsyncIterator[asyncio.Task[None]
     finally:
         stop.set()
         await asyncio.wait_for(task, 60)
+
+
+@contextlib.asynccontextmanager
+async def running_ingest(settings: Settings) -> AsyncIterator[Ingest]:
+    """The ingest loop alone in this process (no relay, no sweeper), handed over once its
+    consumer holds partitions, and stopped when the block ends."""
+    url = settings.database_url.get_secret_value()
+    async with AsyncConnectionPool(url, min_size=1, open=False) as pool:
+        stop = asyncio.Event()
+        ingest = Ingest(settings, pool, stop, on_resolved=lambda: None)
+        task = asyncio.create_task(ingest.run())
+
+        def assigned_or_ended() -> bool:
+            consumer = ingest.consumer
+            return task.done() or (consumer is not None and bool(consumer.assignment()))
+
+        try:
+            await eventually(
+                assigned_or_ended, timeout=60, interval=0.05, what="partitions assigned"
+            )
+            if task.done():
+                task.result()  # its error, if it failed to start
+            yield ingest
+            assert not task.done(), "the ingest loop ended by itself"
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 60)
+
+
+def inbox_count(settings: Settings) -> int:
+    return int(scalar(settings, "SELECT count(*) FROM matcher.inbox"))
 
 
 class DaemonProcess:

@@ -11,12 +11,18 @@ import asyncio
 from typing import Any
 
 from aiokafka.protocol.fetch import FetchRequest
-from psycopg_pool import AsyncConnectionPool
 
 from matcher.config import Settings
-from matcher.daemon.ingest import Ingest
 from matcher.kafka.fetch_wait import FLOWING_MIN_BYTES, WINDOW_WAITS
-from tests.helpers import event, events_producer, eventually, scalar, started, to_record
+from tests.helpers import (
+    event,
+    events_producer,
+    eventually,
+    inbox_count,
+    running_ingest,
+    started,
+    to_record,
+)
 from tests.integration.test_fetch import bounded
 
 WAIT_MS = 20  # long, so that a held fetch is plain to see on a busy machine too
@@ -57,38 +63,22 @@ async def _produce_a_flow(settings: Settings) -> None:
         await asyncio.wait_for(asyncio.gather(*futures), 30)
 
 
-def _inbox(settings: Settings) -> int:
-    return int(scalar(settings, "SELECT count(*) FROM matcher.inbox"))
-
-
 @bounded(120)
 async def test_the_ingest_loop_holds_fetches_while_events_flow_and_not_after(
     settings: Settings,
 ) -> None:
     s = settings.model_copy(update={"ingest_fetch_wait_ms": WAIT_MS})
-    url = s.database_url.get_secret_value()
-    async with AsyncConnectionPool(url, min_size=1, open=False) as pool:
-        stop = asyncio.Event()
-        ingest = Ingest(s, pool, stop, on_resolved=lambda: None)
-        task = asyncio.create_task(ingest.run())
-        try:
-            await eventually(
-                lambda: ingest.consumer is not None and bool(ingest.consumer.assignment()),
-                timeout=60, interval=0.05, what="partitions assigned",
-            )  # fmt: skip
-            sent = _recording_fetches(ingest.consumer)
-            await _produce_a_flow(s)
-            await eventually(lambda: _inbox(s) == FLOW, timeout=60, interval=0.05)
-            during = len(sent)
-            assert (WAIT_MS, FLOWING_MIN_BYTES) in sent, set(sent)
-            # Held fetches carry several events each: without the wait, about one apiece
-            # (745 of 750 when this test was written; 97 with it).
-            assert during < FLOW / 2, during
-            # Quiet again: off within a window and a look, then a fetch per 500 ms, not
-            # one per 20 ms (50 a second).
-            await asyncio.sleep(1.0)
-            assert sent[-1] == USUAL
-            assert len(sent) - during < 2 * WINDOW_WAITS + 4, sent[during:]
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, 60)
+    async with running_ingest(s) as ingest:
+        sent = _recording_fetches(ingest.consumer)
+        await _produce_a_flow(s)
+        await eventually(lambda: inbox_count(s) == FLOW, timeout=60, interval=0.05)
+        during = len(sent)
+        assert (WAIT_MS, FLOWING_MIN_BYTES) in sent, set(sent)
+        # Held fetches carry several events each: without the wait, about one apiece
+        # (745 of 750 when this test was written; 97 with it).
+        assert during < FLOW / 2, during
+        # Quiet again: off within a window and a look, then a fetch per 500 ms, not
+        # one per 20 ms (50 a second).
+        await asyncio.sleep(1.0)
+        assert sent[-1] == USUAL
+        assert len(sent) - during < 2 * WINDOW_WAITS + 4, sent[during:]

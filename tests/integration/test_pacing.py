@@ -14,11 +14,17 @@ import asyncio
 import contextlib
 
 from aiokafka import AIOKafkaConsumer
-from psycopg_pool import AsyncConnectionPool
 
 from matcher.config import Settings
-from matcher.daemon.ingest import Ingest
-from tests.helpers import event, events_producer, eventually, scalar, started, to_record
+from tests.helpers import (
+    event,
+    events_producer,
+    eventually,
+    inbox_count,
+    running_ingest,
+    started,
+    to_record,
+)
 from tests.integration.test_fetch import bounded
 
 # The longest pacing there is: the daemon spends nearly all its time in a paced batch,
@@ -59,32 +65,21 @@ def _second_member(settings: Settings) -> AIOKafkaConsumer:
     )
 
 
-def _inbox(settings: Settings) -> int:
-    return int(scalar(settings, "SELECT count(*) FROM matcher.inbox"))
-
-
 @bounded(150)
 async def test_a_rebalance_during_a_paced_batch_settles_and_loses_nothing(
     settings: Settings,
 ) -> None:
     s = settings.model_copy(update={"ingest_batch_interval_ms": INTERVAL_MS})
-    url = s.database_url.get_secret_value()
-    async with AsyncConnectionPool(url, min_size=1, open=False) as pool:
-        stop, stop_trickle = asyncio.Event(), asyncio.Event()
-        ingest = Ingest(s, pool, stop, on_resolved=lambda: None)
-        task = asyncio.create_task(ingest.run())
-        trickle: asyncio.Task[int] | None = None
-        try:
-            await eventually(
-                lambda: ingest.consumer is not None and bool(ingest.consumer.assignment()),
-                timeout=60, interval=0.05, what="partitions assigned",
-            )  # fmt: skip
+    stop_trickle = asyncio.Event()
+    trickle: asyncio.Task[int] | None = None
+    try:
+        async with running_ingest(s) as ingest:
             daemon = ingest.consumer
             assert daemon is not None
             everything = set(daemon.assignment())
             trickle = asyncio.create_task(_trickle(s, stop_trickle))
             # Batches are flowing, each paced for most of a second.
-            await eventually(lambda: _inbox(s) >= 10, timeout=30, interval=0.05)
+            await eventually(lambda: inbox_count(s) >= 10, timeout=30, interval=0.05)
             async with started(_second_member(s)) as second:
                 await eventually(
                     lambda: bool(second.assignment())
@@ -102,14 +97,11 @@ async def test_a_rebalance_during_a_paced_batch_settles_and_loses_nothing(
             stop_trickle.set()
             produced = await trickle
             await eventually(
-                lambda: _inbox(s) == produced, timeout=30, interval=0.05,
+                lambda: inbox_count(s) == produced, timeout=30, interval=0.05,
                 what=f"all {produced} events in the inbox",
             )  # fmt: skip
-            assert not task.done()
-        finally:
-            stop_trickle.set()
-            if trickle is not None and not trickle.done():
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(trickle, 30)
-            stop.set()
-            await asyncio.wait_for(task, 60)
+    finally:
+        stop_trickle.set()
+        if trickle is not None and not trickle.done():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(trickle, 30)
