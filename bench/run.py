@@ -48,7 +48,7 @@ from psycopg.types.json import Jsonb
 from rich.console import Console
 from rich.progress import Progress
 
-from bench import cpu, pressure
+from bench import cpu, drift, pressure
 from bench.cluster import ClusterUnavailable, private_cluster, replication
 from bench.paced import PacedProducer, SignedEvent
 from bench.peers import PAYLOAD
@@ -718,6 +718,8 @@ async def latency(env: Env, rate: int, seconds: float, preload_rows: int = 0) ->
         parts["claimed"].append(claimed - stored)
         parts["published"].append(resumed[correlation] - claimed)
     figures = {f"{k}_ms": v for k, v in _percentiles(whole).items()}
+    # Whether the window kept up with its rate (bench.drift): ``whole`` is in send order.
+    figures["drift_ms"] = drift.drift_ms(whole)
     for name, values in parts.items():
         figures |= {f"{name}_{k}_ms": v for k, v in _percentiles(values).items()}
     step = max(1, len(whole) // 1000)
@@ -998,11 +1000,13 @@ async def _measure_rf3(env: Env, plan: Plan, work: Workload, results: Results, s
 
 
 async def _measure_latency(
-    env: Env, plan: Plan, runs: dict[str, list[float]], samples: dict[str, list[float]], step: Step
+    env: Env, plan: Plan, results: Results, samples: dict[str, list[float]], step: Step
 ) -> None:
     """Latency percentiles at each of the plan's rates, of the whole path and of its
     stages, beside the Kafka floor at the same rate; the last repetition's samples kept
-    for the plot."""
+    for the plot, and a note for each rate at which a window fell behind or began behind
+    (bench.drift)."""
+    runs, notes = results.runs, results.notes
     for rate in plan.rates:
         found = [await latency(env, rate, plan.latency_s) for _ in range(plan.reps)]
         for k in found[0]:
@@ -1016,6 +1020,9 @@ async def _measure_latency(
             for k, v in floor.items():
                 runs.setdefault(f"latency_kafka_{rate}_{k}_ms", []).append(v)
         samples[str(rate)] = found[-1]["samples_ms"]
+        notes += drift.behind_notes(
+            rate, [f["drift_ms"] for f in found], [f["p50_ms"] for f in found]
+        )
         lost = sum(f["sent"] - f["received"] for f in found)
         if lost:
             raise RuntimeError(f"{lost} resumes missing at {rate}/s")
@@ -1191,7 +1198,7 @@ async def run(plan: Plan, out_dir: Path) -> Path:
             async with _timed(phases, "rf3"):
                 await _measure_rf3(env, plan, work, results, step)
             async with _timed(phases, "latency"):
-                await _measure_latency(env, plan, results.runs, samples, step)
+                await _measure_latency(env, plan, results, samples, step)
             async with _timed(phases, "scale"):
                 await _measure_scale(env, plan, work, results, step)
             async with _timed(phases, "peers"):
