@@ -175,12 +175,11 @@ class Relay:
 
     async def publish_batch(self, producer: AIOKafkaProducer) -> int:
         topic = self._settings.resume_topic
-        # In a pipeline, BEGIN travels with the claim and COMMIT with the mark: two round
-        # trips to Postgres per batch instead of four.
+        # BEGIN travels with the claim and COMMIT with the mark: two round trips to
+        # Postgres per batch (matcher.store.outbox.relay_transaction).
         async with (
             self._pool.connection() as conn,
-            conn.pipeline() as pipeline,
-            conn.transaction(),
+            outbox.relay_transaction(conn) as pipeline,
             conn.cursor(row_factory=args_row(Claimed)) as cur,
         ):
             rows = await outbox.claim_unpublished(cur, pipeline, self._settings.relay_batch_max)
