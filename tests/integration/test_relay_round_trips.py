@@ -17,32 +17,21 @@ from psycopg_pool import AsyncConnectionPool
 from matcher.config import Settings
 from matcher.daemon import relay as relay_module
 from matcher.daemon.relay import Relay
-from matcher.domain.waits import WaitSpec
-from matcher.sdk import cancel_wait, register_wait
+from matcher.sdk import cancel_wait
 from matcher.store.isolation import read_committed
+from tests.helpers import db, register_waits, scalar
 
 
-def _cancelled_waits(url: str, count: int) -> None:
+def _cancelled_waits(settings: Settings, count: int) -> None:
     """``count`` waits resolved (cancelled), so that ``count`` resumes wait in the outbox."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        for n in range(count):
-            wait = register_wait(
-                conn,
-                WaitSpec(
-                    tenant="acme", run_id=f"rt-{n}", position=0, event_types=["t"],
-                    correlation_id=f"rt-{n}",
-                ),
-            )  # fmt: skip
-            cancel_wait(conn, wait.id)
+    register_waits(settings, count, prefix="rt")
+    with db(settings) as conn:
+        for wait in conn.execute("SELECT id FROM matcher.waits").fetchall():
+            cancel_wait(conn, wait["id"])
 
 
-def _unpublished(url: str) -> int:
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM matcher.outbox WHERE published_at IS NULL"
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
+def _unpublished(settings: Settings) -> int:
+    return int(scalar(settings, "SELECT count(*) FROM matcher.outbox WHERE published_at IS NULL"))
 
 
 def _syncs(trace: Path) -> int:
@@ -65,7 +54,7 @@ async def _traced_pool(url: str, sink: Any) -> AsyncConnectionPool:
 
 async def test_a_relay_batch_is_two_round_trips(settings: Settings, tmp_path: Path) -> None:
     url = settings.database_conninfo()
-    _cancelled_waits(url, 3)
+    _cancelled_waits(settings, 3)
     trace = tmp_path / "libpq.trace"
     producer = AIOKafkaProducer(
         bootstrap_servers=settings.kafka_bootstrap_servers, enable_idempotence=True, acks="all"
@@ -87,7 +76,7 @@ async def test_a_relay_batch_is_two_round_trips(settings: Settings, tmp_path: Pa
     finally:
         await asyncio.wait_for(producer.stop(), 30)
     assert (published, empty) == (3, 0)
-    assert _unpublished(url) == 0, "the batch's mark was not committed"
+    assert _unpublished(settings) == 0, "the batch's mark was not committed"
     # Two batches (one with rows, one finding none): two round trips each. psycopg's
     # transaction() inside the pipeline made it five each.
     assert _syncs(trace) == 4, trace.read_text()[-3000:]
@@ -97,7 +86,7 @@ async def test_a_failed_batch_leaves_its_rows_and_a_clean_connection(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = settings.database_conninfo()
-    _cancelled_waits(url, 2)
+    _cancelled_waits(settings, 2)
 
     async def refuse(*_: object) -> list[Any]:
         raise RuntimeError("publication failed")
@@ -115,10 +104,10 @@ async def test_a_failed_batch_leaves_its_rows_and_a_clean_connection(
         async with pool.connection() as conn:
             assert conn.info.transaction_status is TransactionStatus.IDLE
             assert not conn.autocommit
-        assert _unpublished(url) == 2, "a failed batch's rows must stay unpublished"
+        assert _unpublished(settings) == 2, "a failed batch's rows must stay unpublished"
         # Their locks went with the rollback: the next batch takes them.
         assert await asyncio.wait_for(relay.publish_batch(producer), 30) == 2
-        assert _unpublished(url) == 0
+        assert _unpublished(settings) == 0
     finally:
         await pool.close()
         await asyncio.wait_for(producer.stop(), 30)
