@@ -534,11 +534,16 @@ async def read_resumes(
 
 
 def register_waits(
-    settings: Settings, count: int, *, deadline_s: float | None = None, prefix: str = "crash"
+    settings: Settings,
+    count: int,
+    *,
+    deadline_s: float | None = None,
+    prefix: str = "crash",
+    correlations: Sequence[str] = (),
 ) -> list[str]:
-    """Register ``count`` waits (one run each, positions 0-2) for job.completed; return
-    their correlation ids."""
-    correlations = [f"{prefix}-{uuid.uuid4().hex[:10]}" for _ in range(count)]
+    """Register ``count`` waits (one run each, positions 0-2) for job.completed, with the
+    given correlation ids or new ones; return their correlation ids."""
+    correlations = list(correlations) or [f"{prefix}-{uuid.uuid4().hex[:10]}" for _ in range(count)]
     deadline = datetime.now(UTC) + timedelta(seconds=deadline_s) if deadline_s else None
     with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as conn:
         for n, correlation in enumerate(correlations):

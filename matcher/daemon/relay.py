@@ -36,6 +36,7 @@ from matcher.daemon.faults import crash_point
 from matcher.kafka.bounded import acknowledged, start_producer, stop_producer
 from matcher.store import outbox
 from matcher.store.outbox import Claimed
+from matcher.store.pipelined import pipelined_transaction
 
 log = logging.getLogger("matcher.relay")
 
@@ -176,10 +177,10 @@ class Relay:
     async def publish_batch(self, producer: AIOKafkaProducer) -> int:
         topic = self._settings.resume_topic
         # BEGIN travels with the claim and COMMIT with the mark: two round trips to
-        # Postgres per batch (matcher.store.outbox.relay_transaction).
+        # Postgres per batch (matcher.store.pipelined).
         async with (
             self._pool.connection() as conn,
-            outbox.relay_transaction(conn) as pipeline,
+            pipelined_transaction(conn) as pipeline,
             conn.cursor(row_factory=args_row(Claimed)) as cur,
         ):
             rows = await outbox.claim_unpublished(cur, pipeline, self._settings.relay_batch_max)

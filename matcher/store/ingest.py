@@ -21,7 +21,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from matcher.domain.events import CompletionEvent, Rejection
-from matcher.store.isolation import session_read_committed
+from matcher.store.pipelined import pipelined_transaction
 from matcher.store.quarantine_rows import (
     MAX_DETAIL,
     Bounds,
@@ -158,21 +158,13 @@ async def store_batch(
 async def _one_transaction(conn: AsyncConn) -> AsyncIterator[None]:
     """The statements of the block in one transaction and one round trip.
 
-    On an idle connection: autocommit in a pipeline, so they travel together, run in one
-    implicit transaction (committed at the pipeline's sync, when the block ends) and their
+    On an idle connection: a pipelined transaction (matcher.store.pipelined) that the
+    block never syncs, so BEGIN, its statements and COMMIT travel together and their
     results come back at once. Each statement was sent when it was queued, so a crash
-    inside the block leaves the server mid-transaction, and it rolls back. In a caller's
-    transaction the statements simply join it."""
+    inside the block leaves the server mid-transaction, and it rolls back; so does a
+    block that raises. In a caller's transaction the statements simply join it."""
     if conn.info.transaction_status is not TransactionStatus.IDLE:
         yield
         return
-    await session_read_committed(conn)
-    autocommit = conn.autocommit
-    await conn.set_autocommit(True)
-    try:
-        async with conn.pipeline():
-            yield
-    finally:
-        # A broken connection refuses this; the pool discards it anyway.
-        with contextlib.suppress(psycopg.Error):
-            await conn.set_autocommit(autocommit)
+    async with pipelined_transaction(conn):
+        yield

@@ -10,13 +10,10 @@ duplicate a no-op).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-from collections.abc import AsyncIterator
 from typing import Any, NamedTuple
 
 import psycopg
-from psycopg.pq import TransactionStatus
 
 from matcher.store.sql import query
 
@@ -35,39 +32,12 @@ class Claimed(NamedTuple):
 ClaimCursor = psycopg.AsyncCursor[Claimed]
 
 
-@contextlib.asynccontextmanager
-async def relay_transaction(
-    conn: psycopg.AsyncConnection[Any],
-) -> AsyncIterator[psycopg.AsyncPipeline]:
-    """One relay batch's transaction in two round trips: BEGIN travels with the claim (the
-    pipeline's first sync) and COMMIT with the mark (its last).
-
-    Not psycopg's ``transaction()`` inside the pipeline: that syncs on its own before the
-    claim (BEGIN alone), after the mark, after COMMIT and once more on leaving, five round
-    trips a batch (counted in libpq's protocol trace, as test_relay_round_trips does).
-    Here the statements are sent as they are, in autocommit mode so that psycopg adds no
-    BEGIN of its own; a block that raises rolls the transaction back before the
-    connection goes back to the pool."""
-    autocommit = conn.autocommit
-    await conn.set_autocommit(True)
-    try:
-        async with conn.pipeline() as pipeline:
-            await conn.execute(query("outbox", "begin_claim"))
-            yield pipeline
-            await conn.execute(query("outbox", "commit_mark"))
-    finally:
-        # A broken connection refuses these; the pool discards it anyway.
-        with contextlib.suppress(psycopg.Error):
-            if conn.info.transaction_status is not TransactionStatus.IDLE:
-                await conn.execute(query("outbox", "rollback_claim"))
-            await conn.set_autocommit(autocommit)
-
-
 async def claim_unpublished(
     cur: ClaimCursor, pipeline: psycopg.AsyncPipeline, limit: int
 ) -> list[Claimed]:
     """Lock up to ``limit`` unpublished rows (skipping rows another relay holds), oldest
-    first. In a pipeline: BEGIN travels with the claim, so a batch costs two round trips."""
+    first. In a pipelined transaction (matcher.store.pipelined): BEGIN travels with the
+    claim, COMMIT with the mark, so a batch costs two round trips."""
     await cur.execute(query("outbox", "claim_unpublished"), {"limit": limit})
     await pipeline.sync()
     return await cur.fetchall()

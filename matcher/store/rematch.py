@@ -27,7 +27,7 @@ from matcher.domain.matching import (
 )
 from matcher.domain.waits import WaitState
 from matcher.store.ingest import AsyncConn
-from matcher.store.isolation import read_committed
+from matcher.store.pipelined import pipelined_transaction
 from matcher.store.sql import query
 
 # How soon a key whose waits were held by another transaction is looked at again.
@@ -109,8 +109,9 @@ def _pending(rows: list[tuple[Any, ...]]) -> list[NewEvent]:
 
 async def rematch_once(conn: AsyncConn, limit: int = 500) -> RematchResult:
     """Take up to ``limit`` due keys off the queue and match them, in one transaction."""
-    await read_committed(conn)
-    async with conn.pipeline() as pipeline, conn.transaction():
+    # Round trips: claim (with BEGIN), read, then the writes if any need checking, and
+    # COMMIT: four, three when nothing was resolved or settled, two with no keys.
+    async with pipelined_transaction(conn) as pipeline:
         cur = await conn.execute(query("rematch", "claim_keys"), {"limit": limit})
         await pipeline.sync()
         keys: set[Key] = {(row[0], row[1]) for row in await cur.fetchall()}
@@ -136,6 +137,9 @@ async def rematch_once(conn: AsyncConn, limit: int = 500) -> RematchResult:
         if settled:
             settle_cur = await conn.execute(query("rematch", "settle_pending"), _settle(settled))
         await queue_for_rematch(conn, busy, after_s=BUSY_RETRY_S)
+        if resolve_cur is None and settle_cur is None:
+            return RematchResult(keys=len(keys), busy=len(busy))  # the writes go with COMMIT
+        # Their counts are checked before COMMIT, so that a mismatch rolls back.
         await pipeline.sync()
         if resolve_cur is not None:
             await check_resolved(resolve_cur, len(resolutions))

@@ -28,14 +28,3 @@ UPDATE matcher.outbox AS o SET published_at = now(), message_sha256 = u.digest
 FROM unnest(%(ids)s::bigint[], %(digests)s::bytea[]) AS u(id, digest)
 WHERE o.id = u.id;
 
--- name: begin_claim
--- The relay's transaction, opened in the claim's round trip (see matcher.store.outbox).
--- The level is named: the daemon's matching needs READ COMMITTED whatever the default.
-BEGIN ISOLATION LEVEL READ COMMITTED;
-
--- name: commit_mark
-COMMIT;
-
--- name: rollback_claim
--- A batch that failed: its rows stay unpublished, for the next claim.
-ROLLBACK;
