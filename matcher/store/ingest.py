@@ -21,7 +21,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from matcher.domain.events import CompletionEvent, Rejection
-from matcher.store.pipelined import pipelined_transaction
+from matcher.store.pipelined import one_round_trip
 from matcher.store.quarantine_rows import (
     MAX_DETAIL,
     Bounds,
@@ -158,13 +158,13 @@ async def store_batch(
 async def _one_transaction(conn: AsyncConn) -> AsyncIterator[None]:
     """The statements of the block in one transaction and one round trip.
 
-    On an idle connection: a pipelined transaction (matcher.store.pipelined) that the
-    block never syncs, so BEGIN, its statements and COMMIT travel together and their
+    On an idle connection: ``one_round_trip`` (matcher.store.pipelined), so they travel
+    together, run in one implicit transaction committed when the block ends, and their
     results come back at once. Each statement was sent when it was queued, so a crash
     inside the block leaves the server mid-transaction, and it rolls back; so does a
     block that raises. In a caller's transaction the statements simply join it."""
     if conn.info.transaction_status is not TransactionStatus.IDLE:
         yield
         return
-    async with pipelined_transaction(conn):
+    async with one_round_trip(conn):
         yield

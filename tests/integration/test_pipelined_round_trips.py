@@ -48,11 +48,11 @@ def _unpublished(settings: Settings) -> int:
     return int(scalar(settings, "SELECT count(*) FROM matcher.outbox WHERE published_at IS NULL"))
 
 
-def _syncs(trace: Path) -> int:
-    """The Sync messages the client sent: one per round trip of the extended protocol."""
-    return sum(
-        1 for line in trace.read_text().splitlines() if line.split("\t")[:3:2] == ["F", "Sync"]
-    )
+def _round_trips(trace: Path) -> int:
+    """The client's round trips: one per Sync of the extended protocol, one per simple
+    Query message."""
+    sent = (line.split("\t") for line in trace.read_text().splitlines())
+    return sum(1 for fields in sent if fields[0] == "F" and fields[2:3] in (["Sync"], ["Query"]))
 
 
 async def _traced_pool(url: str, sink: Any) -> AsyncConnectionPool:
@@ -93,7 +93,7 @@ async def test_a_relay_batch_is_two_round_trips(settings: Settings, tmp_path: Pa
     assert _unpublished(settings) == 0, "the batch's mark was not committed"
     # Two batches (one with rows, one finding none): two round trips each. psycopg's
     # transaction() inside the pipeline made it five each.
-    assert _syncs(trace) == 4, trace.read_text()[-3000:]
+    assert _round_trips(trace) == 4, trace.read_text()[-3000:]
 
 
 async def test_a_failed_batch_leaves_its_rows_and_a_clean_connection(
@@ -162,8 +162,9 @@ async def test_an_ingest_batch_is_one_round_trip(settings: Settings, tmp_path: P
             assert not conn.autocommit
         finally:
             await conn.close()
-    # BEGIN, the events, the quarantine and COMMIT in one Sync, each batch.
-    assert _syncs(trace) == 2, trace.read_text()[-3000:]
+    # The events and the quarantine in one Sync, each batch; the first batch on a
+    # connection also sets its session's level, once.
+    assert _round_trips(trace) == 3, trace.read_text()[-3000:]
     assert inbox_count(settings) == 6
     assert scalar(settings, "SELECT count(*) FROM matcher.quarantine") == 2
 
@@ -202,7 +203,7 @@ async def _rematch_traced(
         finally:
             conn.pgconn.untrace()
     assert conn.info.transaction_status is TransactionStatus.IDLE
-    return (result.keys, result.matched), _syncs(trace)
+    return (result.keys, result.matched), _round_trips(trace)
 
 
 async def test_a_rematch_pass_is_four_round_trips_at_most(

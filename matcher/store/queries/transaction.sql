@@ -7,5 +7,6 @@ BEGIN ISOLATION LEVEL READ COMMITTED;
 COMMIT;
 
 -- name: rollback
--- A block that raised, or a statement that failed: nothing of it stays.
+-- A block that raised, or a statement that failed: nothing of it stays. In a pipeline
+-- with no BEGIN it ends the implicit transaction of the statements before it.
 ROLLBACK;
