@@ -23,6 +23,7 @@ POINTS = (
     "relay.before_publish",  # resolution committed, resume not yet sent
     "relay.after_publish",  # resume acknowledged by Kafka, not marked published
     "sweeper.in_transaction",  # waits timed out, transaction not committed
+    "rematch.in_transaction",  # queued keys taken and matched, transaction not committed
 )
 
 

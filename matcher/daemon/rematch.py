@@ -16,6 +16,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from matcher import metrics
 from matcher.config import Settings
+from matcher.daemon.faults import crash_point
 from matcher.store.rematch import rematch_once
 
 log = logging.getLogger("matcher.rematch")
@@ -58,7 +59,9 @@ class Rematch:
     async def _drain(self, limit: int) -> None:
         while not self._stop.is_set():
             async with self._pool.connection() as conn:
-                result = await rematch_once(conn, limit)
+                result = await rematch_once(
+                    conn, limit, lambda: crash_point("rematch.in_transaction")
+                )
             if result.matched:
                 metrics.MATCHES.inc(result.matched)
                 self._on_resolved()

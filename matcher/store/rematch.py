@@ -12,7 +12,7 @@ nothing here waits on a transaction that is not the daemon's own.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -107,8 +107,13 @@ def _pending(rows: list[tuple[Any, ...]]) -> list[NewEvent]:
     return [NewEvent(r[0], r[1], r[2], r[3], r[4], payload=r[5]) for r in rows]
 
 
-async def rematch_once(conn: AsyncConn, limit: int = 500) -> RematchResult:
-    """Take up to ``limit`` due keys off the queue and match them, in one transaction."""
+async def rematch_once(
+    conn: AsyncConn, limit: int = 500, before_commit: Callable[[], None] | None = None
+) -> RematchResult:
+    """Take up to ``limit`` due keys off the queue and match them, in one transaction.
+
+    ``before_commit`` runs inside the transaction of a pass that found keys, after every
+    write was sent (a test crash point)."""
     # Round trips: claim (with BEGIN), read, then the writes if any need checking, and
     # COMMIT: four, three when nothing was resolved or settled, two with no keys.
     async with pipelined_transaction(conn) as pipeline:
@@ -137,6 +142,8 @@ async def rematch_once(conn: AsyncConn, limit: int = 500) -> RematchResult:
         if settled:
             settle_cur = await conn.execute(query("rematch", "settle_pending"), _settle(settled))
         await queue_for_rematch(conn, busy, after_s=BUSY_RETRY_S)
+        if before_commit is not None:
+            before_commit()
         if resolve_cur is None and settle_cur is None:
             return RematchResult(keys=len(keys), busy=len(busy))  # the writes go with COMMIT
         # Their counts are checked before COMMIT, so that a mismatch rolls back.

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import functools
 import signal
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -36,6 +37,7 @@ CRASH_POINTS = [
     "relay.before_publish",
     "relay.after_publish",
     "sweeper.in_transaction",
+    "rematch.in_transaction",
 ]
 
 
@@ -75,34 +77,72 @@ def _died_or_through(
     return daemon.process.poll() is not None or _through(settings, point, correlations)
 
 
+async def _store_early_events(settings: Settings, correlations: list[str]) -> None:
+    """Events for waits not yet registered: stored, and pending."""
+    await produce(settings, [event(correlation=c) for c in correlations])
+    query = "SELECT count(*) FROM matcher.inbox WHERE correlation_id = ANY(%s)"
+
+    def stored() -> bool:
+        return bool(scalar(settings, query, [correlations]) == len(correlations))
+
+    await eventually(stored, timeout=60, what="the early events stored")
+
+
+async def _two_bursts(
+    settings: Settings,
+    crashing: DaemonProcess,
+    point: str,
+    arrival: int,
+    correlations: list[str],
+) -> None:
+    """Two bursts (of events, or for the rematch pass of registrations), so the crash
+    lands on the first batch (@1) or a later one (@2). For @2 the second burst goes once
+    the first is through the point, or once the daemon died already (the first burst
+    took two batches): then the second arrival is certain, whatever their timing."""
+    half = len(correlations) // 2
+    first, second = correlations[:half], correlations[half:]
+
+    async def burst(part: list[str]) -> None:
+        if point.startswith("rematch"):
+            await asyncio.to_thread(register_waits, settings, len(part), correlations=part)
+        else:
+            await produce(settings, [event(correlation=c) for c in part])
+
+    await burst(first)
+    if arrival == 2:
+        await eventually(
+            functools.partial(_died_or_through, crashing, settings, point, first),
+            timeout=60,
+            what=f"the first burst through {point}",
+        )
+    await burst(second)
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("point", CRASH_POINTS)
 async def test_crash_at_point_then_recover(settings: Settings, point: str) -> None:
     iterations = env_flag("MATCHER_TEST_CRASH_ITERATIONS", 10)
     total = 0
     for iteration in range(iterations):
-        sweeping = point.startswith("sweeper")
         count = 60
-        correlations = register_waits(settings, count, deadline_s=0.5 if sweeping else None)
-        total += count
         arrival = 1 + iteration % 2
+        rematching = point.startswith("rematch")
+        # For the rematch pass the events come first (the waits once the daemon runs).
+        correlations = (
+            [f"early-{uuid.uuid4().hex[:10]}" for _ in range(count)]
+            if rematching
+            else register_waits(
+                settings, count, deadline_s=0.5 if point.startswith("sweeper") else None
+            )
+        )
+        total += count
         crashing = DaemonProcess(process_env(settings, MATCHER_TEST_CRASH_AT=f"{point}@{arrival}"))
         with _reaped(crashing):
             crashing.wait_ready()
-            if not sweeping:
-                # Two bursts, so the crash lands on the first batch (@1) or a later one (@2).
-                # For @2 the second burst goes once the first is through the point, or once
-                # the daemon died already (the first burst took two batches): then the
-                # second arrival is certain, whatever the timing of the batches.
-                first, second = correlations[: count // 2], correlations[count // 2 :]
-                await produce(settings, [event(correlation=c) for c in first])
-                if arrival == 2:
-                    await eventually(
-                        functools.partial(_died_or_through, crashing, settings, point, first),
-                        timeout=60,
-                        what=f"the first burst through {point}",
-                    )
-                await produce(settings, [event(correlation=c) for c in second])
+            if rematching:
+                await _store_early_events(settings, correlations)
+            if not point.startswith("sweeper"):
+                await _two_bursts(settings, crashing, point, arrival, correlations)
             code = await asyncio.to_thread(crashing.wait_exit, 60)
         assert code == -signal.SIGKILL, crashing.output
         assert f"test crash point {point} reached" in crashing.output
