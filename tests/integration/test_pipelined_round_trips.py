@@ -222,7 +222,7 @@ async def test_a_rematch_pass_is_four_round_trips_at_most(
         assert await _rematch_traced(conn, tmp_path / "nothing") == ((2, 0), 3)
         # No keys: claim with BEGIN, then COMMIT.
         assert await _rematch_traced(conn, tmp_path / "empty") == ((0, 0), 2)
-        # psycopg's transaction() inside the pipeline made them six, six and four.
+        # psycopg's transaction() inside the pipeline made them seven, seven and five.
     finally:
         await conn.close()
     assert scalar(settings, "SELECT count(*) FROM matcher.match_queue") == 0
