@@ -55,11 +55,16 @@ def _round_trips(trace: Path) -> int:
     return sum(1 for fields in sent if fields[0] == "F" and fields[2:3] in (["Sync"], ["Query"]))
 
 
+def _trace(conn: psycopg.AsyncConnection[Any], sink: Any) -> None:
+    """libpq's protocol trace of ``conn`` into ``sink``, without timestamps."""
+    conn.pgconn.trace(sink.fileno())
+    conn.pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS)
+
+
 async def _traced_pool(url: str, sink: Any) -> AsyncConnectionPool:
     async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
         await read_committed(conn)
-        conn.pgconn.trace(sink.fileno())
-        conn.pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS)
+        _trace(conn, sink)
 
     pool = AsyncConnectionPool(url, min_size=1, max_size=1, open=False, configure=configure)
     await pool.open(wait=True, timeout=30)
@@ -144,8 +149,7 @@ def _ingest_batch(first_offset: int) -> list[IngestRecord]:
 
 async def _traced_connection(url: str, sink: Any) -> psycopg.AsyncConnection[Any]:
     conn = await psycopg.AsyncConnection.connect(url, connect_timeout=30)
-    conn.pgconn.trace(sink.fileno())
-    conn.pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS)
+    _trace(conn, sink)
     return conn
 
 
@@ -196,8 +200,7 @@ async def _rematch_traced(
 ) -> tuple[tuple[int, int], int]:
     """One rematch pass, traced: (its keys and matches, the round trips it took)."""
     with trace.open("w") as sink:
-        conn.pgconn.trace(sink.fileno())
-        conn.pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS)
+        _trace(conn, sink)
         try:
             result = await asyncio.wait_for(rematch_once(conn), 30)
         finally:
