@@ -39,6 +39,33 @@ def process_cpu_s(pid: int) -> float:
     return _own_and_reaped_s(pid)[0]
 
 
+def named_threads(pid: int, prefixes: tuple[str, ...]) -> list[Path]:
+    """The /proc directories of ``pid``'s threads whose names start with one of
+    ``prefixes`` (Linux keeps a thread's name to 15 characters)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if (task / "comm").read_text().startswith(prefixes):
+                found.append(task)
+        except OSError:
+            continue  # the thread exited meanwhile
+    return found
+
+
+def threads_cpu_s(pid: int, prefixes: tuple[str, ...]) -> float:
+    """utime + stime of the threads of ``pid`` named as ``named_threads`` finds them, in
+    seconds; a thread that exits between the two reads is left out."""
+    ticks = 0
+    for task in named_threads(pid, prefixes):
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / _TICK
+
+
 def _children(pid: int) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():

@@ -48,7 +48,7 @@ from psycopg.types.json import Jsonb
 from rich.console import Console
 from rich.progress import Progress
 
-from bench import cpu, drift, pressure
+from bench import cpu, drift, jit, pressure
 from bench.cluster import ClusterUnavailable, private_cluster, replication
 from bench.paced import PacedProducer, SignedEvent
 from bench.peers import PAYLOAD
@@ -85,6 +85,9 @@ class Plan:
     # Events per throughput run at scale (0: n). The quick run's n is measured in well
     # under a second, too short a window to tell a 20 % difference from noise.
     scale_n: int = 0
+    # At most this many unrecorded windows at each latency rate before the measured ones,
+    # until the broker's JIT compiler has settled (bench/jit.py).
+    warm_windows: int = 6
 
     def steps(self) -> int:
         """The progress bar's steps: one per throughput repetition, latency rate and
@@ -99,14 +102,15 @@ class Plan:
 
 
 SMOKE = Plan(
-    n=1200, naive_n=60, reps=1, rates=[200], latency_s=1, scale=[0, 2000], dbos_n=30, rf3=False
-)
+    n=1200, naive_n=60, reps=1, rates=[200], latency_s=1, scale=[0, 2000], dbos_n=30,
+    rf3=False, warm_windows=1,
+)  # fmt: skip
 QUICK = Plan(
     n=4000, naive_n=500, reps=3, rates=[500, 2000], latency_s=5, scale=[0, 100_000], dbos_n=300,
     scale_n=12_000,
     # The peers resume tens of waits per second: at 200 waits and a quarter second of
     # events per rate they took 2.7 of the quick run's 6.2 minutes.
-    peer_n=100, peer_latency_s=0.1,
+    peer_n=100, peer_latency_s=0.1, warm_windows=4,
 )  # fmt: skip
 FULL = Plan(
     n=30_000, naive_n=3000, reps=3, rates=[500, 2000], latency_s=15,
@@ -148,6 +152,8 @@ class Env:
         self.topics: list[str] = []
         # The CPU of the Postgres and Kafka servers, where they run on this machine.
         self.server_cpu = cpu.server_readers(self.admin_url, self.kafka)
+        # The broker's JIT compiler threads' CPU (bench/jit.py), where it can be read.
+        self.broker_compiler = jit.broker_compiler_reader(self.kafka)
         self.workdir = Path(tempfile.mkdtemp(prefix="matcher-bench-"))
         self.producers_file = self.workdir / "producers.toml"
         self.producers_file.write_text(
@@ -700,12 +706,17 @@ async def latency(env: Env, rate: int, seconds: float, preload_rows: int = 0) ->
         await _resumes_until(resumes, resumed, lambda: bool(resumed), 60)
         if not resumed:
             raise RuntimeError("the daemon published no resume within 60 s")
+        # The broker's JIT compiler threads, apart: they are part of the broker's CPU.
+        compiler = {"kafka_jit": env.broker_compiler} if env.broker_compiler else {}
+        compiling = cpu.Meter(compiler, time.perf_counter)
+        compiling.start()
         meter.start()
         stalls.start()
         sent = await producer.paced(events, rate)
         await _resumes_until(resumes, resumed, lambda: len(resumed) > warm + count, 60)
         window = meter.stop()
         waited = stalls.stop()
+        compiled = compiling.stop().cores()
     stages = _stage_times(url)
     whole: list[float] = []
     parts: dict[str, list[float]] = {name: [] for name in STAGES}
@@ -725,6 +736,8 @@ async def latency(env: Env, rate: int, seconds: float, preload_rows: int = 0) ->
     step = max(1, len(whole) // 1000)
     cores = window.cores()
     figures |= waited  # how long the disk and the CPU kept tasks waiting meanwhile
+    if "kafka_jit" in compiled:  # the compiler's share of a core (bench/jit.py)
+        figures["kafka_jit_pct"] = 100 * compiled["kafka_jit"]
     return figures | {
         # What each process used of the machine while the events were sent and resumed.
         "cpu_cores": cores | {"total": sum(cores.values())},
@@ -1008,6 +1021,9 @@ async def _measure_latency(
     (bench.drift)."""
     runs, notes = results.runs, results.notes
     for rate in plan.rates:
+        if warmed := await _warm_broker(env, rate, plan.warm_windows):
+            notes.append(jit.warm_up_note(rate, warmed))
+            runs[f"latency_{rate}_warm_up_windows"] = [float(len(warmed))]
         found = [await latency(env, rate, plan.latency_s) for _ in range(plan.reps)]
         for k in found[0]:
             if (k.endswith("_ms") and k != "samples_ms") or k.endswith("_pct"):
@@ -1027,6 +1043,21 @@ async def _measure_latency(
         if lost:
             raise RuntimeError(f"{lost} resumes missing at {rate}/s")
         step(f"latency at {rate}/s")
+
+
+async def _warm_broker(env: Env, rate: int, most: int) -> list[float]:
+    """Unrecorded latency windows at ``rate`` until one finds the broker's JIT compiler
+    settled (bench/jit.py), at most ``most`` of them; the compiler's share of a core in
+    each. None when the compiler cannot be read (a broker on another machine)."""
+    shares: list[float] = []
+    while env.broker_compiler is not None and len(shares) < most:
+        share = (await latency(env, rate, jit.WARM_WINDOW_S)).get("kafka_jit_pct")
+        if share is None:
+            break  # the broker went out of reach: measure as it is
+        shares.append(share)
+        if jit.settled(share):
+            break
+    return shares
 
 
 def scale_order(rows: int, rep: int) -> tuple[int, int]:
