@@ -1020,6 +1020,11 @@ async def _measure_latency(
     for the plot, and a note for each rate at which a window fell behind or began behind
     (bench.drift)."""
     runs, notes = results.runs, results.notes
+    if env.broker_compiler is None:
+        notes.append(
+            "latency: the broker's JIT compiler could not be read (no HotSpot JVM listening"
+            " on this machine), so the windows were measured without a warm-up for it"
+        )
     for rate in plan.rates:
         if warmed := await _warm_broker(env, rate, plan.warm_windows):
             notes.append(jit.warm_up_note(rate, warmed))
@@ -1048,7 +1053,7 @@ async def _measure_latency(
 async def _warm_broker(env: Env, rate: int, most: int) -> list[float]:
     """Unrecorded latency windows at ``rate`` until one finds the broker's JIT compiler
     settled (bench/jit.py), at most ``most`` of them; the compiler's share of a core in
-    each. None when the compiler cannot be read (a broker on another machine)."""
+    each. None are run when the compiler cannot be read (a broker on another machine)."""
     shares: list[float] = []
     while env.broker_compiler is not None and len(shares) < most:
         share = (await latency(env, rate, jit.WARM_WINDOW_S)).get("kafka_jit_pct")

@@ -135,3 +135,27 @@ def test_no_warm_up_without_a_reading(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _warm_up(monkeypatch, [51.0], most=4, readable=False) == ([], 0)
     # The broker went out of reach during the warm-up: measure as it is.
     assert _warm_up(monkeypatch, [51.0, None, 3.0], most=4) == ([51.0], 2)
+
+
+def test_without_a_reading_the_results_say_there_was_no_warm_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    measured: list[int] = []
+
+    async def window(env: object, rate: int, seconds: float) -> dict[str, Any]:
+        measured.append(rate)
+        return {"p50_ms": 1.0, "drift_ms": 0.0, "cpu_cores": {}, "sent": 1, "received": 1,
+                "samples_ms": [1.0]}  # fmt: skip
+
+    async def floor(env: object, rate: int, seconds: float) -> dict[str, float]:
+        return {"p50": 0.5}
+
+    monkeypatch.setattr(run, "latency", window)
+    monkeypatch.setattr(run, "kafka_latency", floor)
+    env = SimpleNamespace(broker_compiler=None)
+    results = run.Results(plan={}, machine={})
+    plan = run.Plan(n=1, naive_n=1, reps=1, rates=[500], latency_s=1, scale=[0], dbos_n=1)
+    asyncio.run(run._measure_latency(env, plan, results, {}, lambda _: None))  # type: ignore[arg-type]
+    assert measured == [500]  # the measured window only
+    assert any("without a warm-up" in note for note in results.notes)
+    assert "latency_500_warm_up_windows" not in results.runs
