@@ -52,17 +52,21 @@ def named_threads(pid: int, prefixes: tuple[str, ...]) -> list[Path]:
     return found
 
 
-def threads_cpu_s(pid: int, prefixes: tuple[str, ...]) -> float:
-    """utime + stime of the threads of ``pid`` named as ``named_threads`` finds them, in
-    seconds; a thread that exits between the two reads is left out."""
-    ticks = 0
+def threads_ticks(pid: int, prefixes: tuple[str, ...]) -> dict[str, int]:
+    """utime + stime, in clock ticks, of each thread of ``pid`` named as ``named_threads``
+    finds them, by thread id; a thread that exits between the two reads is left out."""
+    ticks = {}
     for task in named_threads(pid, prefixes):
         try:
             stat = (task / "stat").read_text()
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2 :].split()
-        ticks += int(fields[11]) + int(fields[12])
+        ticks[task.name] = int(fields[11]) + int(fields[12])
+    return ticks
+
+
+def ticks_to_s(ticks: int) -> float:
     return ticks / _TICK
 
 

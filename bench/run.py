@@ -152,8 +152,8 @@ class Env:
         self.topics: list[str] = []
         # The CPU of the Postgres and Kafka servers, where they run on this machine.
         self.server_cpu = cpu.server_readers(self.admin_url, self.kafka)
-        # The broker's JIT compiler threads' CPU (bench/jit.py), where it can be read.
-        self.broker_compiler = jit.broker_compiler_reader(self.kafka)
+        # The broker's process, where its JIT compiler can be read (bench/jit.py).
+        self.broker_jvm = jit.broker_jvm(self.kafka)
         self.workdir = Path(tempfile.mkdtemp(prefix="matcher-bench-"))
         self.producers_file = self.workdir / "producers.toml"
         self.producers_file.write_text(
@@ -707,16 +707,16 @@ async def latency(env: Env, rate: int, seconds: float, preload_rows: int = 0) ->
         if not resumed:
             raise RuntimeError("the daemon published no resume within 60 s")
         # The broker's JIT compiler threads, apart: they are part of the broker's CPU.
-        compiler = {"kafka_jit": env.broker_compiler} if env.broker_compiler else {}
-        compiling = cpu.Meter(compiler, time.perf_counter)
-        compiling.start()
+        compiling = jit.CompilerMeter(env.broker_jvm, time.perf_counter) if env.broker_jvm else None
+        if compiling:
+            compiling.start()
         meter.start()
         stalls.start()
         sent = await producer.paced(events, rate)
         await _resumes_until(resumes, resumed, lambda: len(resumed) > warm + count, 60)
         window = meter.stop()
         waited = stalls.stop()
-        compiled = compiling.stop().cores()
+        compiled = compiling.stop_pct() if compiling else None
     stages = _stage_times(url)
     whole: list[float] = []
     parts: dict[str, list[float]] = {name: [] for name in STAGES}
@@ -736,8 +736,8 @@ async def latency(env: Env, rate: int, seconds: float, preload_rows: int = 0) ->
     step = max(1, len(whole) // 1000)
     cores = window.cores()
     figures |= waited  # how long the disk and the CPU kept tasks waiting meanwhile
-    if "kafka_jit" in compiled:  # the compiler's share of a core (bench/jit.py)
-        figures["kafka_jit_pct"] = 100 * compiled["kafka_jit"]
+    if compiled is not None:  # the compiler's share of a core (bench/jit.py)
+        figures["kafka_jit_pct"] = compiled
     return figures | {
         # What each process used of the machine while the events were sent and resumed.
         "cpu_cores": cores | {"total": sum(cores.values())},
@@ -1020,15 +1020,16 @@ async def _measure_latency(
     for the plot, and a note for each rate at which a window fell behind or began behind
     (bench.drift)."""
     runs, notes = results.runs, results.notes
-    if env.broker_compiler is None:
-        notes.append(
-            "latency: the broker's JIT compiler could not be read (no HotSpot JVM listening"
-            " on this machine), so the windows were measured without a warm-up for it"
-        )
     for rate in plan.rates:
         if warmed := await _warm_broker(env, rate, plan.warm_windows):
-            notes.append(jit.warm_up_note(rate, warmed))
-            runs[f"latency_{rate}_warm_up_windows"] = [float(len(warmed))]
+            notes.append(jit.warm_up_note(rate, warmed, plan.warm_windows))
+            runs[f"warm_up_windows_{rate}"] = [float(len(warmed))]
+        elif plan.warm_windows:
+            notes.append(
+                f"latency at {rate}/s: measured without a warm-up for the broker's JIT"
+                " compiler, which could not be read (no HotSpot JVM found on this machine"
+                " listening on the broker's port, or its process not readable by this user)"
+            )
         found = [await latency(env, rate, plan.latency_s) for _ in range(plan.reps)]
         for k in found[0]:
             if (k.endswith("_ms") and k != "samples_ms") or k.endswith("_pct"):
@@ -1053,9 +1054,9 @@ async def _measure_latency(
 async def _warm_broker(env: Env, rate: int, most: int) -> list[float]:
     """Unrecorded latency windows at ``rate`` until one finds the broker's JIT compiler
     settled (bench/jit.py), at most ``most`` of them; the compiler's share of a core in
-    each. None are run when the compiler cannot be read (a broker on another machine)."""
+    each. None are run when the compiler cannot be read (see jit.broker_jvm)."""
     shares: list[float] = []
-    while env.broker_compiler is not None and len(shares) < most:
+    while env.broker_jvm is not None and len(shares) < most:
         share = (await latency(env, rate, jit.WARM_WINDOW_S)).get("kafka_jit_pct")
         if share is None:
             break  # the broker went out of reach: measure as it is

@@ -68,7 +68,7 @@ def test_bench_smoke_produces_every_figure(services: Services, tmp_path: Path) -
         assert "latency_200_cpu_wait_pct |" in (tmp_path / "results.md").read_text()
     # Measured after one unrecorded window (the smoke plan's most) that read the broker's
     # JIT compiler threads (bench/jit.py), which every measured window reads too.
-    assert results["runs"]["latency_200_warm_up_windows"] == [1.0]
+    assert results["runs"]["warm_up_windows_200"] == [1.0]
     assert any("1 unrecorded warm-up window" in note for note in results["notes"])
     assert 0 <= figures["latency_200_kafka_jit_pct"] <= 100 * (os.cpu_count() or 1)
     # The hypervisor's share of the machine's CPU meanwhile (/proc/stat, any Linux).

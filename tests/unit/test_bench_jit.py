@@ -17,68 +17,114 @@ from bench import cpu, jit, run
 
 # A process with a thread named as HotSpot names its C2 compiler threads and one named
 # otherwise, each burning about 0.3 s of its own CPU and then staying alive (an exited
-# thread's CPU leaves /proc with it); it listens on a port, says so, and idles until told
-# to exit.
+# thread's CPU leaves /proc with it); it listens on a port and says so. Then, line by line
+# on stdin: "end" lets the compiler thread exit, "new" starts a second one that burns
+# 0.2 s and stays; each answers "ok" once done. An empty line ends it.
 _FAKE_JVM = """
 import ctypes, socket, sys, threading, time
 libc = ctypes.CDLL(None)
-burnt, leave = threading.Barrier(3), threading.Event()
-def burn(name):
+leave = {"C2 CompilerThread0": threading.Event(), "worker": threading.Event(),
+         "C2 CompilerThread1": threading.Event()}
+def burn(name, seconds, burnt):
     libc.prctl(15, name.encode())  # PR_SET_NAME: the thread's name in /proc
-    end = time.thread_time() + 0.3
+    end = time.thread_time() + seconds
     while time.thread_time() < end:
         pass
     burnt.wait()
-    leave.wait()
-for name in ("C2 CompilerThread0", "worker"):
-    threading.Thread(target=burn, args=(name,), daemon=True).start()
+    leave[name].wait()
+burnt = threading.Barrier(3)
+first = threading.Thread(target=burn, args=("C2 CompilerThread0", 0.3, burnt), daemon=True)
+first.start()
+threading.Thread(target=burn, args=("worker", 0.3, burnt), daemon=True).start()
 burnt.wait()
 server = socket.socket()
 server.bind(("127.0.0.1", 0))
 server.listen()
 print(server.getsockname()[1], flush=True)
-sys.stdin.readline()
+for line in sys.stdin:
+    if line == "end\\n":
+        leave["C2 CompilerThread0"].set()
+        first.join()
+    elif line == "new\\n":
+        burnt = threading.Barrier(2)
+        threading.Thread(target=burn, args=("C2 CompilerThread1", 0.2, burnt), daemon=True).start()
+        burnt.wait()
+    else:
+        break
+    print("ok", flush=True)
 """
 
 
+class FakeJvm:
+    def __init__(self, process: subprocess.Popen[str], port: int) -> None:
+        self.pid, self.port = process.pid, port
+        self._process = process
+
+    def tell(self, command: str) -> None:
+        assert self._process.stdin is not None
+        assert self._process.stdout is not None
+        self._process.stdin.write(command + "\n")
+        self._process.stdin.flush()
+        assert self._process.stdout.readline() == "ok\n"
+
+
 @pytest.fixture
-def fake_jvm() -> Iterator[tuple[int, int]]:
-    """(pid, port) of a running _FAKE_JVM."""
+def fake_jvm() -> Iterator[FakeJvm]:
     with subprocess.Popen(
         [sys.executable, "-c", _FAKE_JVM], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     ) as process:
         assert process.stdout is not None
         assert process.stdin is not None
-        port = int(process.stdout.readline())
-        yield process.pid, port
+        yield FakeJvm(process, int(process.stdout.readline()))
         process.stdin.write("\n")
         process.stdin.flush()
         process.wait(timeout=30)
 
 
-@pytest.mark.timeout(60)
-def test_only_the_compiler_threads_are_counted(fake_jvm: tuple[int, int]) -> None:
-    pid, _ = fake_jvm
-    assert 0.25 <= jit.compiler_cpu_s(pid) < 0.45
-    assert cpu.process_cpu_s(pid) >= 0.55  # the other thread's CPU is the process's
+def _compiler_s(pid: int) -> float:
+    return cpu.ticks_to_s(sum(jit.compiler_ticks(pid).values()))
 
 
 @pytest.mark.timeout(60)
-def test_the_broker_is_read_through_the_port_it_listens_on(fake_jvm: tuple[int, int]) -> None:
-    _, port = fake_jvm
-    read = jit.broker_compiler_reader(f"127.0.0.1:{port}")
-    assert read is not None
-    assert 0.25 <= read() < 0.45
+def test_only_the_compiler_threads_are_counted(fake_jvm: FakeJvm) -> None:
+    assert 0.25 <= _compiler_s(fake_jvm.pid) < 0.45
+    assert cpu.process_cpu_s(fake_jvm.pid) >= 0.55  # the other thread's CPU is the process's
 
 
-def test_a_process_without_compiler_threads_has_no_reader() -> None:
-    # This process listens on a port and is no JVM.
-    with socket.socket() as server:
+@pytest.mark.timeout(60)
+def test_the_broker_is_found_through_the_port_it_listens_on(fake_jvm: FakeJvm) -> None:
+    assert jit.broker_jvm(f"127.0.0.1:{fake_jvm.port}") == fake_jvm.pid
+
+
+@pytest.mark.timeout(60)
+def test_a_compiler_thread_that_exits_takes_nothing_off_the_window(fake_jvm: FakeJvm) -> None:
+    # HotSpot stops its extra compiler threads when compiling dies down: a reading of all
+    # the threads alive at each end would subtract the exited thread's whole CPU.
+    clock = iter([0.0, 1.0]).__next__
+    meter = jit.CompilerMeter(fake_jvm.pid, clock)
+    meter.start()
+    fake_jvm.tell("end")
+    assert meter.stop_pct() == 0.0
+
+
+@pytest.mark.timeout(60)
+def test_a_compiler_thread_that_starts_counts_from_zero(fake_jvm: FakeJvm) -> None:
+    clock = iter([0.0, 1.0]).__next__
+    meter = jit.CompilerMeter(fake_jvm.pid, clock)
+    meter.start()
+    fake_jvm.tell("new")  # 0.2 s of CPU in a new compiler thread, over a 1 s window
+    share = meter.stop_pct()
+    assert share is not None
+    assert 15 <= share < 35
+
+
+def test_a_process_without_compiler_threads_is_no_broker_jvm() -> None:
+    with socket.socket() as server:  # this process listens on a port and is no JVM
         server.bind(("127.0.0.1", 0))
         server.listen()
         port = int(server.getsockname()[1])
-        assert jit.broker_compiler_reader(f"127.0.0.1:{port}") is None
-    assert jit.broker_compiler_reader(f"127.0.0.1:{port}") is None  # nobody listens
+        assert jit.broker_jvm(f"127.0.0.1:{port}") is None
+    assert jit.broker_jvm(f"127.0.0.1:{port}") is None  # nobody listens
 
 
 def test_settled_below_the_threshold_only() -> None:
@@ -89,14 +135,16 @@ def test_settled_below_the_threshold_only() -> None:
 
 
 def test_the_note_says_how_many_windows_and_whether_the_compiler_settled() -> None:
-    settled = jit.warm_up_note(500, [55.2, 21.0, 3.4])
+    settled = jit.warm_up_note(500, [55.2, 21.0, 9.96], most=4)
     assert "latency at 500/s" in settled
     assert "3 unrecorded warm-up windows" in settled
-    assert "55, 21, 3 % of a core" in settled
+    assert "55.2, 21.0, 10.0 % of a core" in settled
     assert "settled under 10 %" in settled
-    busy = jit.warm_up_note(2000, [40.0])
+    busy = jit.warm_up_note(2000, [40.0], most=1)
     assert "1 unrecorded warm-up window of" in busy
-    assert "not yet under 10 %" in busy
+    assert "not yet under 10 % when the warm-up's windows ran out" in busy
+    lost = jit.warm_up_note(2000, [40.0], most=4)
+    assert "could not be read after that" in lost
 
 
 def _warm_up(
@@ -115,7 +163,7 @@ def _warm_up(
         return {} if share is None else {"kafka_jit_pct": share}
 
     monkeypatch.setattr(run, "latency", window)
-    env = SimpleNamespace(broker_compiler=(lambda: 0.0) if readable else None)
+    env = SimpleNamespace(broker_jvm=1 if readable else None)
     kept = asyncio.run(run._warm_broker(env, 500, most))  # type: ignore[arg-type]
     return kept, ran
 
@@ -152,10 +200,10 @@ def test_without_a_reading_the_results_say_there_was_no_warm_up(
 
     monkeypatch.setattr(run, "latency", window)
     monkeypatch.setattr(run, "kafka_latency", floor)
-    env = SimpleNamespace(broker_compiler=None)
+    env = SimpleNamespace(broker_jvm=None)
     results = run.Results(plan={}, machine={})
     plan = run.Plan(n=1, naive_n=1, reps=1, rates=[500], latency_s=1, scale=[0], dbos_n=1)
     asyncio.run(run._measure_latency(env, plan, results, {}, lambda _: None))  # type: ignore[arg-type]
     assert measured == [500]  # the measured window only
     assert any("without a warm-up" in note for note in results.notes)
-    assert "latency_500_warm_up_windows" not in results.runs
+    assert "warm_up_windows_500" not in results.runs
