@@ -717,17 +717,7 @@ async def latency(env: Env, rate: int, seconds: float, preload_rows: int = 0) ->
         window = meter.stop()
         waited = stalls.stop()
         compiled = compiling.stop_pct() if compiling else None
-    stages = _stage_times(url)
-    whole: list[float] = []
-    parts: dict[str, list[float]] = {name: [] for name in STAGES}
-    for correlation, sent_at in list(sent.items())[warm:]:
-        if correlation not in resumed:
-            continue
-        whole.append(resumed[correlation] - sent_at)
-        stored, claimed = stages[correlation]
-        parts["stored"].append(stored - sent_at)
-        parts["claimed"].append(claimed - stored)
-        parts["published"].append(resumed[correlation] - claimed)
+    whole, parts = _by_stage(list(sent.items())[warm:], resumed, _stage_times(url))
     figures = {f"{k}_ms": v for k, v in _percentiles(whole).items()}
     # Whether the window kept up with its rate (bench.drift): ``whole`` is in send order.
     figures["drift_ms"] = drift.drift_ms(whole)
@@ -747,6 +737,26 @@ async def latency(env: Env, rate: int, seconds: float, preload_rows: int = 0) ->
         "measured": len(whole),
         "samples_ms": [1000 * x for x in sorted(whole)[::step]],
     }
+
+
+def _by_stage(
+    sent: list[tuple[str, float]],
+    resumed: dict[str, float],
+    stages: dict[str, tuple[float, float]],
+) -> tuple[list[float], dict[str, list[float]]]:
+    """Each resumed event's latency (in the order sent), and its parts by stage (STAGES):
+    sent -> stored, stored -> claimed, claimed -> resume published."""
+    whole: list[float] = []
+    parts: dict[str, list[float]] = {name: [] for name in STAGES}
+    for correlation, sent_at in sent:
+        if correlation not in resumed:
+            continue
+        whole.append(resumed[correlation] - sent_at)
+        stored, claimed = stages[correlation]
+        parts["stored"].append(stored - sent_at)
+        parts["claimed"].append(claimed - stored)
+        parts["published"].append(resumed[correlation] - claimed)
+    return whole, parts
 
 
 async def kafka_latency(env: Env, rate: int, seconds: float) -> dict[str, float]:
