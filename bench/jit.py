@@ -59,7 +59,7 @@ def broker_jvm(kafka_bootstrap: str) -> int | None:
 
 class CompilerMeter:
     """The share of one core that a JVM's compiler threads used between ``start()`` and
-    ``stop()``, thread by thread (see the module's docstring)."""
+    ``stop_pct()``, thread by thread (see the module's docstring)."""
 
     def __init__(self, pid: int, clock: Callable[[], float]) -> None:
         self._pid = pid
