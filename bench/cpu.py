@@ -21,9 +21,10 @@ _LISTEN = "0A"  # the TCP state of a listening socket in /proc/net/tcp
 _TREE_READ_TRIES = 5
 
 
-def _stat_fields(pid: int) -> list[str]:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    # After "pid (command) ": the state is field 3 (1-based, man 5 proc).
+def _stat_fields(pid: int, task: Path | None = None) -> list[str]:
+    """The fields of a process's stat (or of one of its threads', ``task``) after
+    "pid (command) ": the state is field 3 (1-based, man 5 proc), so index 0."""
+    stat = ((task or Path(f"/proc/{pid}")) / "stat").read_text()
     return stat[stat.rindex(")") + 2 :].split()
 
 
@@ -58,11 +59,10 @@ def threads_ticks(pid: int, prefixes: tuple[str, ...]) -> dict[str, int]:
     ticks = {}
     for task in named_threads(pid, prefixes):
         try:
-            stat = (task / "stat").read_text()
+            fields = _stat_fields(pid, task)
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        ticks[task.name] = int(fields[11]) + int(fields[12])
+        ticks[task.name] = int(fields[11]) + int(fields[12])  # utime, stime
     return ticks
 
 
