@@ -32,7 +32,7 @@ from typing import Any
 log = logging.getLogger("matcher.fetch")
 
 # Enough bytes that the broker holds a fetch for its whole wait under the flows the wait
-# is for (4 ms of 2,000 events/s of 1 KiB is 8 KiB), and no more than it returns at once
+# is for (8 ms of 2,000 events/s of 1 KiB is 16 KiB), and no more than it returns at once
 # from a backlog anyway (which it then answers at once).
 FLOWING_MIN_BYTES = 1 << 16
 _FIELDS = ("_fetch_max_wait_ms", "_fetch_min_bytes")
