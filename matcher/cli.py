@@ -436,30 +436,34 @@ def migrate(
 
 
 def _devstack() -> Any:
-    """The project's devstack, found from anywhere inside the project: the nearest
-    directory upward with a .devstack/ (or the nearest with a .git, or whose pyproject.toml
-    is matcher's), so that a subproject's own pyproject.toml (producers/python) does not
-    hide it. MATCHER_DEVSTACK_DIR, when set, wins."""
-    import tomllib
-
+    """The project's devstack, found from anywhere inside the project: the .devstack/ of
+    the nearest directory upward that has one, a .git, or a pyproject.toml that is
+    matcher's, so that a subproject's own pyproject.toml (producers/python) does not hide
+    it, and a .devstack/ above the project (a checkout inside another one, a stack left
+    in a parent directory) is not taken for a fresh clone's. MATCHER_DEVSTACK_DIR, when
+    set, wins."""
     from matcher.devstack.stack import Devstack
 
     if os.environ.get("MATCHER_DEVSTACK_DIR"):
         return Devstack()
     here = Path.cwd().resolve()
     for candidate in (here, *here.parents):
-        if (candidate / ".devstack").is_dir():
-            return Devstack(candidate / ".devstack")
-    for candidate in (here, *here.parents):
-        if (candidate / ".git").exists():
-            return Devstack(candidate / ".devstack")
-        try:
-            project = tomllib.loads((candidate / "pyproject.toml").read_text())
-        except (OSError, ValueError):
-            continue
-        if project.get("project", {}).get("name") == "matcher":
+        if (candidate / ".devstack").is_dir() or _is_project_root(candidate):
             return Devstack(candidate / ".devstack")
     return Devstack()
+
+
+def _is_project_root(directory: Path) -> bool:
+    """Whether ``directory`` is a checkout's root (.git) or matcher's (its pyproject.toml)."""
+    import tomllib
+
+    if (directory / ".git").exists():
+        return True
+    try:
+        project = tomllib.loads((directory / "pyproject.toml").read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(project.get("project", {}).get("name") == "matcher")
 
 
 def _devstack_fail(exc: Exception) -> NoReturn:

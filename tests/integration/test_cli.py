@@ -270,6 +270,27 @@ def test_devstack_env_works_from_anywhere_inside_the_project(tmp_path: Path) -> 
         assert json.loads(done.stdout)["MATCHER_KAFKA_BOOTSTRAP_SERVERS"] == "127.0.0.1:39001"
 
 
+def test_devstack_of_a_project_is_its_own_not_one_above_it(tmp_path: Path) -> None:
+    """A fresh clone (no .devstack/ yet) inside a directory that has one (a stack left in
+    a parent directory) gets a stack of its own, not the one above it."""
+    ports = {"kafka": 39011, "kafka_controller": 39012, "postgres": 39013}
+    (tmp_path / ".devstack").mkdir()
+    (tmp_path / ".devstack" / "stack.json").write_text(json.dumps(ports))
+    clone = tmp_path / "clone"
+    (clone / ".git").mkdir(parents=True)
+    (clone / "pyproject.toml").write_text('[project]\nname = "matcher"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MATCHER_")}
+    for where in (clone, tmp_path / "elsewhere"):
+        where.mkdir(exist_ok=True)
+        done = _run(env, "devstack", "env", "--json", cwd=where)
+        if where == clone:  # its own stack, not set up: no addresses, and not the outer's
+            assert "39011" not in done.stdout, done.stdout
+            assert done.returncode != 0, done.stdout
+        else:  # outside any project, the nearest stack upward is still found
+            assert done.returncode == 0, done.stderr
+            assert json.loads(done.stdout)["MATCHER_KAFKA_BOOTSTRAP_SERVERS"] == "127.0.0.1:39011"
+
+
 def test_postgres_verbs_need_no_kafka_settings_and_kafka_verbs_no_database(
     settings: Settings,
 ) -> None:
