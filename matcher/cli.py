@@ -32,7 +32,6 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
@@ -436,34 +435,11 @@ def migrate(
 
 
 def _devstack() -> Any:
-    """The project's devstack, found from anywhere inside the project: the .devstack/ of
-    the nearest directory upward that has one, a .git, or a pyproject.toml that is
-    matcher's, so that a subproject's own pyproject.toml (producers/python) does not hide
-    it, and a .devstack/ above the project (a checkout inside another one, a stack left
-    in a parent directory) is not taken for a fresh clone's. MATCHER_DEVSTACK_DIR, when
-    set, wins."""
+    """The project's devstack, found from anywhere inside the project (see
+    ``matcher.devstack.stack.default_home``)."""
     from matcher.devstack.stack import Devstack
 
-    if os.environ.get("MATCHER_DEVSTACK_DIR"):
-        return Devstack()
-    here = Path.cwd().resolve()
-    for candidate in (here, *here.parents):
-        if (candidate / ".devstack").is_dir() or _is_project_root(candidate):
-            return Devstack(candidate / ".devstack")
     return Devstack()
-
-
-def _is_project_root(directory: Path) -> bool:
-    """Whether ``directory`` is a checkout's root (.git) or matcher's (its pyproject.toml)."""
-    import tomllib
-
-    if (directory / ".git").exists():
-        return True
-    try:
-        project = tomllib.loads((directory / "pyproject.toml").read_text())
-    except (OSError, ValueError):
-        return False
-    return bool(project.get("project", {}).get("name") == "matcher")
 
 
 def _devstack_fail(exc: Exception) -> NoReturn:

@@ -23,6 +23,7 @@ import os
 import shutil
 import signal
 import time
+import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,18 +37,37 @@ DEFAULT_TIMEOUT = 120.0
 CLUSTER_BROKERS = 3
 
 
+def is_project_root(directory: Path) -> bool:
+    """Whether ``directory`` is a checkout's root (.git) or matcher's (its pyproject.toml);
+    a subproject's own pyproject.toml (producers/python) is neither."""
+    if (directory / ".git").exists():
+        return True
+    try:
+        project = tomllib.loads((directory / "pyproject.toml").read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(project.get("project", {}).get("name") == "matcher")
+
+
 def project_root(start: Path | None = None) -> Path:
-    """The nearest directory upward holding pyproject.toml or .git; else the start."""
+    """The nearest directory upward that is a project's root; else the start."""
+    here = (start or Path.cwd()).resolve()
+    return next((c for c in (here, *here.parents) if is_project_root(c)), here)
+
+
+def default_home(start: Path | None = None) -> Path:
+    """MATCHER_DEVSTACK_DIR when set; else the .devstack/ of the nearest directory upward
+    that has one or is a project's root, so a stack is found from anywhere inside its
+    project, and a .devstack/ above the project (a checkout inside another one, a stack
+    left in a parent directory) is not taken for a fresh clone's."""
+    configured = os.environ.get("MATCHER_DEVSTACK_DIR")
+    if configured:
+        return Path(configured).resolve()
     here = (start or Path.cwd()).resolve()
     for candidate in (here, *here.parents):
-        if (candidate / "pyproject.toml").exists() or (candidate / ".git").exists():
-            return candidate
-    return here
-
-
-def default_home() -> Path:
-    configured = os.environ.get("MATCHER_DEVSTACK_DIR")
-    return Path(configured).resolve() if configured else project_root() / ".devstack"
+        if (candidate / ".devstack").is_dir() or is_project_root(candidate):
+            return candidate / ".devstack"
+    return here / ".devstack"
 
 
 @dataclass

@@ -280,15 +280,14 @@ def test_devstack_of_a_project_is_its_own_not_one_above_it(tmp_path: Path) -> No
     (clone / ".git").mkdir(parents=True)
     (clone / "pyproject.toml").write_text('[project]\nname = "matcher"\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("MATCHER_")}
-    for where in (clone, tmp_path / "elsewhere"):
-        where.mkdir(exist_ok=True)
-        done = _run(env, "devstack", "env", "--json", cwd=where)
-        if where == clone:  # its own stack, not set up: no addresses, and not the outer's
-            assert "39011" not in done.stdout, done.stdout
-            assert done.returncode != 0, done.stdout
-        else:  # outside any project, the nearest stack upward is still found
-            assert done.returncode == 0, done.stderr
-            assert json.loads(done.stdout)["MATCHER_KAFKA_BOOTSTRAP_SERVERS"] == "127.0.0.1:39011"
+    own = _run(env, "devstack", "env", "--json", cwd=clone)
+    assert "39011" not in own.stdout, own.stdout  # not the outer stack's addresses
+    assert own.returncode != 0, own.stdout  # its own stack, not set up
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    outer = _run(env, "devstack", "env", "--json", cwd=elsewhere)
+    assert outer.returncode == 0, outer.stderr  # outside any project: the stack upward
+    assert json.loads(outer.stdout)["MATCHER_KAFKA_BOOTSTRAP_SERVERS"] == "127.0.0.1:39011"
 
 
 def test_postgres_verbs_need_no_kafka_settings_and_kafka_verbs_no_database(

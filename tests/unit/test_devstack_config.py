@@ -9,7 +9,17 @@ import pytest
 
 from matcher.devstack import kafka, postgres
 from matcher.devstack.procs import DevstackUsageError
-from matcher.devstack.stack import Broker, Devstack, Mode, PgNode, Ports, State, new_state
+from matcher.devstack.stack import (
+    Broker,
+    Devstack,
+    Mode,
+    PgNode,
+    Ports,
+    State,
+    default_home,
+    new_state,
+    project_root,
+)
 
 
 def test_a_cluster_broker_replicates_three_ways_and_needs_two_in_sync(tmp_path: Path) -> None:
@@ -157,3 +167,30 @@ def test_without_a_state_file_the_data_tells_the_mode(tmp_path: Path) -> None:
     with pytest.raises(DevstackUsageError):
         stack._resolve_mode(3, None)
     assert stack._resolve_mode(None, True) == Mode(1, True)  # no Postgres data yet
+
+
+def test_a_subprojects_pyproject_is_not_the_project_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The test fixtures and the CLI find the same root: matcher's, not producers/python's."""
+    monkeypatch.delenv("MATCHER_DEVSTACK_DIR", raising=False)
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "matcher"\n')
+    sub = tmp_path / "producers" / "python"
+    sub.mkdir(parents=True)
+    (sub / "pyproject.toml").write_text('[project]\nname = "matcher-producer"\n')
+    assert project_root(sub) == tmp_path.resolve()
+    assert default_home(sub) == tmp_path.resolve() / ".devstack"
+
+
+def test_a_stack_above_a_checkout_is_not_the_checkouts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("MATCHER_DEVSTACK_DIR", raising=False)
+    (tmp_path / ".devstack").mkdir()
+    clone = tmp_path / "clone"
+    (clone / ".git").mkdir(parents=True)
+    (clone / "docs").mkdir()
+    assert default_home(clone / "docs") == clone.resolve() / ".devstack"
+    assert default_home(tmp_path / "clone-less") == tmp_path.resolve() / ".devstack"
+    monkeypatch.setenv("MATCHER_DEVSTACK_DIR", str(tmp_path / "chosen"))
+    assert default_home(clone) == (tmp_path / "chosen").resolve()
