@@ -63,22 +63,29 @@ class IngressState:
 class _FramingGuard:
     """ASGI middleware: a request framed two ways (Content-Length and Transfer-Encoding)
     is refused and its connection closed (RFC 9112, 6.1: a proxy in front may have framed
-    it the other way, and what follows would be a request it never saw); every answer
-    gets the safe headers, the framework's own 404 and 405 too."""
+    it the other way, and what follows would be a request it never saw); so is one whose
+    headers exceed ``max_header_bytes`` (431); every answer gets the safe headers, the
+    framework's own 404 and 405 too.
 
-    def __init__(self, app: Any) -> None:
+    The header bound is checked here as well as in the HTTP parser because h11's bound
+    (its incomplete-event size) holds only while the headers arrive in pieces: headers
+    that come in one read are parsed whatever their size."""
+
+    def __init__(self, app: Any, max_header_bytes: int) -> None:
         self.app = app
+        self.max_header_bytes = max_header_bytes
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        names = {name for name, _ in scope["headers"]}
-        if b"content-length" in names and b"transfer-encoding" in names:
-            REQUESTS.labels(UNKNOWN_PRODUCER, "malformed").inc()
+        refusal = self._refusal(scope["headers"])
+        if refusal is not None:
+            reason, status = refusal
+            REQUESTS.labels(UNKNOWN_PRODUCER, reason).inc()
             response = JSONResponse(
-                {"reason": "malformed"},
-                status_code=400,
+                {"reason": reason},
+                status_code=status,
                 headers={**_SAFE_HEADERS, "Connection": "close"},
             )
             await response(scope, receive, send)
@@ -97,6 +104,15 @@ class _FramingGuard:
 
         await self.app(scope, receive, send_safely)
 
+    def _refusal(self, headers: list[tuple[bytes, bytes]]) -> tuple[str, int] | None:
+        size = sum(len(name) + len(value) for name, value in headers)
+        if size > self.max_header_bytes:
+            return "too_large", 431
+        names = {name for name, _ in headers}
+        if b"content-length" in names and b"transfer-encoding" in names:
+            return "malformed", 400
+        return None
+
 
 def create_app(state: IngressState) -> FastAPI:
     app = FastAPI(
@@ -109,7 +125,7 @@ def create_app(state: IngressState) -> FastAPI:
         # signed POST re-sent wherever a sender's Host says.
         redirect_slashes=False,
     )
-    app.add_middleware(_FramingGuard)
+    app.add_middleware(_FramingGuard, max_header_bytes=state.settings.max_header_bytes)
     slots = asyncio.Semaphore(state.settings.ingress_max_concurrency)
 
     @app.get("/healthz")

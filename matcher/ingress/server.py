@@ -3,9 +3,10 @@ producers-file watch; SIGTERM drains in-flight requests, then stops.
 
 Bounds: open connections (``MATCHER_INGRESS_MAX_CONNECTIONS``; past it, 503), requests
 handled at once (``MATCHER_INGRESS_MAX_CONCURRENCY``, in the app), header bytes (h11's
-incomplete-event bound), and time: a request's headers must be complete within
-``MATCHER_INGRESS_READ_TIMEOUT_S`` of its first byte (else the connection is closed:
-uvicorn itself waits for ever), its body within as long again (408).
+incomplete-event bound while they arrive, and the app's check of what was parsed), and
+time: a request's headers must be complete within ``MATCHER_INGRESS_READ_TIMEOUT_S`` of
+its first byte (else the connection is closed: uvicorn itself waits for ever), its body
+within as long again (408).
 """
 
 from __future__ import annotations

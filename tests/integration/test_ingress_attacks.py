@@ -71,3 +71,19 @@ def test_the_host_header_is_not_reflected_into_a_redirect(ingress: IngressProces
         b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
     )
     assert b"attacker.example" not in answer, answer.decode(errors="replace")
+
+
+@pytest.mark.parametrize("pad", [17_000, 60_000])
+def test_headers_over_the_bound_are_refused_even_in_one_read(
+    ingress: IngressProcess, pad: int
+) -> None:
+    """h11 bounds headers only while they arrive in pieces; sent in one write, 60 KB of
+    headers were parsed and the request handled. MATCHER_MAX_HEADER_BYTES is 16 KiB."""
+    body = b"{}"
+    answer = _exchange(
+        ingress,
+        b"POST /v1/webhooks/openai HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"X-Pad: " + b"y" * pad + b"\r\nContent-Length: 2\r\n\r\n" + body,
+    )
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200].decode(errors="replace")
+    assert b'"too_large"' in answer, answer[:400].decode(errors="replace")
