@@ -201,11 +201,32 @@ def _problems(exc: ValidationError) -> list[str]:
     ]
 
 
-def _load_schema(path: Path) -> Draft202012Validator:
+def _read_text(path: Path, what: str) -> str:
+    """The file's text; whatever makes it unreadable is a RegistryError saying why in one line.
+
+    Read as bytes and decoded here, so a byte that is not UTF-8 (a Latin-1 comment) names
+    the file and where, rather than escaping as a UnicodeDecodeError that would end a
+    reload loop or the command.
+    """
     try:
-        schema: Any = json.loads(path.read_text())
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise RegistryError(f"cannot read {what} {path}: {exc.strerror or exc}") from exc
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        bad = raw[exc.start]
+        raise RegistryError(
+            f"{what} {path}: not valid UTF-8: byte 0x{bad:02x} at offset {exc.start} ({exc.reason})"
+        ) from exc
+
+
+def _load_schema(path: Path) -> Draft202012Validator:
+    text = _read_text(path, "schema")
+    try:
+        schema: Any = json.loads(text)
         Draft202012Validator.check_schema(schema)
-    except (OSError, ValueError) as exc:
+    except ValueError as exc:
         raise RegistryError(f"schema {path}: {exc}") from exc
     except SchemaError as exc:
         raise RegistryError(f"schema {path}: not a valid JSON Schema: {exc.message}") from exc
@@ -249,8 +270,5 @@ def parse_registry(text: str, base: Path, origin: str = "(text)") -> Registry:
 
 
 def load_registry(path: Path) -> Registry:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise RegistryError(f"cannot read producers file {path}: {exc.strerror}") from exc
+    text = _read_text(path, "producers file")
     return parse_registry(text, path.parent, origin=str(path))

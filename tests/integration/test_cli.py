@@ -430,3 +430,6 @@ def test_run_says_why_it_cannot_start(settings: Settings, tmp_path: Path) -> Non
     broken.write_text("[producers.x\n")
     bad_file = process_env(settings, MATCHER_PRODUCERS_FILE=str(broken), **quick)
     assert "cannot start" in last_line(_run(bad_file, "run"), 2)
+    broken.write_bytes(b"# caf\xe9\n")  # a Latin-1 comment: valid TOML, but not UTF-8
+    not_utf8 = f"cannot start: producers file {broken}: not valid UTF-8: byte 0xe9 at offset 5"
+    assert not_utf8 in last_line(_run(bad_file, "run"), 2)

@@ -164,6 +164,60 @@ def test_the_command_fails_in_one_line(secure: Settings, ingress: IngressProcess
     assert done.returncode == 1, done.stderr
     assert f"matcher: cannot listen on {busy}" in done.stderr
     assert "Traceback" not in done.stderr
+    latin1 = secure.producers_file.with_name("latin1.toml") if secure.producers_file else None
+    assert latin1 is not None
+    latin1.write_bytes(b"# caf\xe9\n")  # valid TOML, but not UTF-8
+    done = subprocess.run(
+        [sys.executable, "-m", "matcher", "ingress"],
+        env=dict(_ingress_env(secure), MATCHER_PRODUCERS_FILE=str(latin1)),
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"matcher: cannot start: producers file {latin1}: not valid UTF-8: byte 0xe9 at"
+        " offset 5 (invalid continuation byte)"
+    )
+
+
+def _logged(process: IngressProcess, *parts: str) -> bool:
+    return any(all(part in line for part in parts) for line in list(process.lines))
+
+
+async def _eventually_logged(process: IngressProcess, *parts: str) -> None:
+    await eventually(lambda: _logged(process, *parts), timeout=10, what=" and ".join(parts))
+
+
+@pytest.mark.timeout(120)
+async def test_a_reload_of_a_file_that_is_not_utf8_keeps_the_registry_and_the_watch(
+    secure: Settings,
+) -> None:
+    """The ingress's reload watch once died, unlogged, on a Latin-1 byte: later edits were
+    ignored and the next SIGHUP killed the process. Now the file is refused and logged,
+    openai stays registered, and both the watch and SIGHUP go on."""
+    path = secure.producers_file
+    assert path is not None
+    process = IngressProcess(_ingress_env(secure, MATCHER_PRODUCERS_RELOAD_INTERVAL_S="0.2"))
+    try:
+        address = process.wait_listening()
+        process.wait_ready()
+        without_openai = senders.PRODUCERS_TOML.replace('producers."openai"', 'producers."gone"')
+        path.write_bytes(b"# caf\xe9\n" + without_openai.encode())  # Latin-1: not UTF-8
+        await _eventually_logged(process, "producer registry not reloaded", "not valid UTF-8")
+        process.process.send_signal(signal.SIGHUP)
+        await _eventually_logged(process, "not reloaded", "SIGHUP", "not valid UTF-8")
+        assert process.process.poll() is None, process.output
+        body = senders.body_bytes(senders.openai_batch("batch_utf8"))
+        response = _post(address, "openai", senders.standard_request(body, "msg_u1"), body)
+        assert response.status_code == 202, response.text  # the last good registry
+        path.write_text(without_openai)  # a good edit: the watch still takes it
+        await _eventually_logged(process, "producer registry reloaded")
+        response = _post(address, "openai", senders.standard_request(body, "msg_u2"), body)
+        assert response.status_code == 404, response.text
+        process.process.send_signal(signal.SIGHUP)  # still handled, not the default action
+        await _eventually_logged(process, "producer registry reloaded", "SIGHUP")
+    finally:
+        assert process.stop() == 0, process.output
 
 
 def _duplicates(settings: Settings) -> int:

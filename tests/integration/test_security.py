@@ -53,7 +53,9 @@ SCHEMA = {
 }
 
 
-def _producers_file(directory: Path, keys: dict[str, str], *, broken: bool = False) -> Path:
+def _producers_file(
+    directory: Path, keys: dict[str, str], *, broken: bool = False, latin1: bool = False
+) -> Path:
     path = directory / "producers.toml"
     (directory / "schemas").mkdir(exist_ok=True)
     (directory / "schemas" / "job.completed.json").write_text(json.dumps(SCHEMA))
@@ -72,7 +74,8 @@ types = ["job.completed", "job.failed"]
     if broken:
         text += "\n[producers.oops\n"
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
+    # latin1: valid TOML but for one byte that is not UTF-8 (a comment written in Latin-1).
+    tmp.write_bytes(text.encode() + (b"# caf\xe9\n" if latin1 else b""))
     tmp.replace(path)  # atomic, as config management tools do it
     return path
 
@@ -311,6 +314,45 @@ async def test_registry_reload_rotation_and_replay(secure: Settings, tmp_path: P
         }
         resumes = await read_resumes(secure, at_least=4)
         assert early_k2.id in {r.event.id for r in resumes if r.event}
+    finally:
+        assert daemon.terminate() == 0, daemon.output
+
+
+@pytest.mark.timeout(120)
+async def test_a_reload_of_a_file_that_is_not_utf8_keeps_the_last_good_registry(
+    secure: Settings, tmp_path: Path
+) -> None:
+    """A Latin-1 byte in the producers file once ended the registry loop, and with it the
+    daemon; now the file watcher and SIGHUP both refuse it, and k1 stays in force."""
+    env = process_env(secure)
+    env.update(
+        MATCHER_ALLOW_UNSIGNED="false",
+        MATCHER_PRODUCERS_FILE=str(secure.producers_file),
+        MATCHER_PRODUCERS_RELOAD_INTERVAL_S="0.2",
+    )
+    daemon = DaemonProcess(env)
+    daemon.wait_ready()
+    try:
+        _producers_file(tmp_path, {"k2": K2}, latin1=True)  # loaded, it would retire k1
+        await eventually(
+            _logged(daemon, "producer registry not reloaded", "not valid UTF-8", "offset"),
+            timeout=10,
+            what="the file watcher's refusal",
+        )
+        daemon.process.send_signal(signal.SIGHUP)
+        await eventually(
+            _logged(daemon, "producer registry not reloaded", "why=SIGHUP", "not valid UTF-8"),
+            timeout=10,
+            what="the SIGHUP reload's refusal",
+        )
+        assert daemon.process.poll() is None, daemon.output
+        event, record = _signed(K1)
+        _wait_for(secure, event)
+        await produce_raw(secure, [(None, record.headers, record.value)])
+        count = "SELECT count(*) FROM matcher.inbox WHERE event_id = %s"
+        await eventually(lambda: scalar(secure, count, [event.id]) == 1, what="k1 accepted")
+        _producers_file(tmp_path, {"k1": K1, "k2": K2})  # fixed: the watch still works
+        await eventually(_logged(daemon, "producer registry reloaded"), timeout=10)
     finally:
         assert daemon.terminate() == 0, daemon.output
 
