@@ -22,6 +22,10 @@ from matcher.metrics import REGISTRY_RELOAD_FAILING, REGISTRY_RELOADS
 log = logging.getLogger("matcher.registry")
 
 
+def _reason(exc: Exception) -> str:
+    return str(exc) if isinstance(exc, RegistryError) else f"{type(exc).__name__}: {exc}"
+
+
 class RegistryHolder:
     def __init__(
         self,
@@ -61,12 +65,16 @@ class RegistryHolder:
         self._stamp = self._file_stamp()
         try:
             registry = load_registry(self._path)
-        except RegistryError as exc:
+        except Exception as exc:
+            # Not only RegistryError: whatever a file's content provokes must leave the last
+            # good registry in force, not end the watch (and with it the process, or, in the
+            # ingress, every later reload and the SIGHUP handler).
             self._reloads.labels("failed").inc()
             self._failing.set(1)
             log.error(
                 "producer registry not reloaded; the last good one stays in force",
-                extra={"file": str(self._path), "why": why, "error": str(exc)},
+                extra={"file": str(self._path), "why": why, "error": _reason(exc)},
+                exc_info=not isinstance(exc, RegistryError),  # unforeseen: show where
             )
             return False
         self.current = registry

@@ -128,3 +128,29 @@ def test_the_reason_is_one_line_for_a_json_schema_that_is_not_json(tmp_path: Pat
         load_registry(path)
     assert "\n" not in str(raised.value)
     assert str(raised.value).startswith(f"schema {tmp_path / 'bad.json'}: ")
+
+
+async def test_the_watch_outlives_an_unforeseen_failure_of_a_reload(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever a reload raises is logged and counted; the watch, and SIGHUP, go on."""
+    path = _write(tmp_path / "producers.toml", GOOD)
+    holder, reloads, failing = _holder(path)
+    holder.load_initial()
+    good = holder.current
+
+    def broken(_: Path) -> None:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr("matcher.daemon.registry_watch.load_registry", broken)
+    stop = asyncio.Event()
+    watch = asyncio.create_task(holder.watch(stop))
+    try:
+        _write(path, GOOD + "\n# changed\n")
+        await eventually(lambda: reloads.labels("failed")._value.get() >= 1, timeout=10)
+        assert not watch.done()
+        assert holder.current is good
+        assert failing._value.get() == 1
+    finally:
+        stop.set()
+        await asyncio.wait_for(watch, 5)
