@@ -37,12 +37,20 @@ QUEUE_MAX = 1000
 def _headers(record: IngestRecord, rejection: Rejection) -> list[tuple[str, bytes]]:
     # Names that are not UTF-8 cannot be sent by the client; they are in the quarantine row.
     kept = [(name.decode(), value or b"") for name, value in record.headers if _is_utf8(name)]
+    # The client refuses a record with neither key nor value; such a copy carries an empty
+    # value instead, and this header says the original had none.
+    null = [("matcher-null-value", b"true")] if record.key is None and record.value is None else []
     return [
         *kept,
         ("matcher-reason", rejection.reason.encode()),
         ("matcher-detail", rejection.detail.encode("utf-8", "backslashreplace")[:1000]),
         ("matcher-origin", f"{record.topic}/{record.partition}/{record.offset}".encode()),
+        *null,
     ]
+
+
+def _value(record: IngestRecord) -> bytes | None:
+    return b"" if record.key is None and record.value is None else record.value
 
 
 def _is_utf8(raw: bytes) -> bool:
@@ -110,12 +118,27 @@ class DeadLetters:
                 async with asyncio.timeout(self._timeout_s):
                     await producer.send_and_wait(
                         self._topic,
-                        record.value,
+                        _value(record),
                         key=record.key,
                         headers=_headers(record, rejection),
                     )
             except MessageSizeTooLargeError:
                 metrics.DEAD_LETTERS_DROPPED.inc()  # this copy only; the producer is fine
+                continue
+            except (TimeoutError, KafkaError, OSError):
+                metrics.DEAD_LETTERS_DROPPED.inc()
+                raise  # the connection: run() rebuilds the producer
+            except Exception as exc:
+                # Something in this record the client refuses: drop this copy only. Raised,
+                # it would end the copier, and every later copy would be lost unseen.
+                metrics.DEAD_LETTERS_DROPPED.inc()
+                log.error(
+                    "dead-letter copy dropped: the client refused the record",
+                    extra={
+                        "origin": f"{record.topic}/{record.partition}/{record.offset}",
+                        "error": repr(exc),
+                    },
+                )
                 continue
             except BaseException:
                 metrics.DEAD_LETTERS_DROPPED.inc()

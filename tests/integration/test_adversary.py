@@ -14,7 +14,7 @@ import base64
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -22,7 +22,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
 from matcher_producer import CompletionEvent as ProducerEvent
@@ -227,13 +227,16 @@ async def _raw_resumes(settings: Settings, run_id: str, timeout: float = 60) -> 
 async def _send_batch(
     settings: Settings,
     key: bytes,
-    records: list[tuple[list[tuple[str, bytes]], bytes]],
+    records: Sequence[tuple[list[tuple[str, bytes]], bytes | None]],
     compression: int = 0,
+    *,
+    keyless: bool = False,
 ) -> tuple[int, int]:
     """Send (headers, value) records as ONE record batch, built by aiokafka's pure-Python
-    builder (which writes a ``RawHeaderName`` as its raw bytes, and compresses as told:
-    1 is gzip), to the partition the default partitioner gives ``key``; return the
-    (partition, offset) of its first record."""
+    builder (which writes a ``RawHeaderName`` as its raw bytes, compresses as told: 1 is
+    gzip, and, unlike ``send``, writes a record with no key and no value), to the
+    partition the default partitioner gives ``key``; ``keyless``: the records carry no
+    key. Return the (partition, offset) of its first record."""
     producer = AIOKafkaProducer(**settings.kafka_client_options(), acks="all")
     async with started(producer):
         partitions = sorted(await bounded(producer.partitions_for(settings.events_topic)))
@@ -249,7 +252,10 @@ async def _send_batch(
             batch_size=64 * 1024 * 1024,
         )
         for headers, value in records:
-            assert batch.append(timestamp=None, key=key, value=value, headers=headers) is not None
+            written = None if keyless else key
+            assert (
+                batch.append(timestamp=None, key=written, value=value, headers=headers) is not None
+            )
         queued = await bounded(
             producer.send_batch(batch, settings.events_topic, partition=partition)
         )
@@ -964,6 +970,60 @@ async def test_a_missing_dead_letter_topic_is_refused_at_start(secure: Settings)
         with pytest.raises(StartupError, match=r"\.missing do not exist: run `matcher migrate`"):
             async with running_daemon(s):
                 pass
+
+
+async def _dead_letter_copies(
+    settings: Settings, topic: str, want: int, timeout: float = 30
+) -> list[ConsumerRecord[bytes, bytes]]:
+    """The copies on ``topic`` (one partition) from the beginning, once ``want`` are there
+    (fewer if they do not come within ``timeout``)."""
+    consumer = AIOKafkaConsumer(**settings.kafka_client_options(), group_id=None)
+    found: list[ConsumerRecord[bytes, bytes]] = []
+    async with started(consumer):
+        partition = TopicPartition(topic, 0)
+        consumer.assign([partition])
+        await bounded(consumer.seek_to_beginning(partition))
+        deadline = time.monotonic() + timeout
+        while len(found) < want and time.monotonic() < deadline:
+            for records in (await bounded(consumer.getmany(timeout_ms=200))).values():
+                found.extend(records)
+    return found
+
+
+async def test_a_record_without_key_or_value_is_dead_lettered_and_the_copier_goes_on(
+    secure: Settings,
+) -> None:
+    """Attack: one record with a null key and a null value (``kcat -Z``). It was
+    quarantined, but its dead-letter copy is one the Kafka client refuses to send, and that
+    ended the copier: every later copy was lost, and the daemon stopped with "a loop
+    failed". Now it is copied (an empty value, ``matcher-null-value: true``), and so is
+    the bad record after it."""
+    async with asyncio.timeout(150):
+        letters = f"{secure.events_topic}.dlq"
+        await ensure_topics(secure.kafka_client_options(), [letters], partitions=1)
+        s = secure.model_copy(update={"dead_letter_topic": letters})
+        dropped = REGISTRY.get_sample_value("matcher_dead_letters_dropped_total") or 0.0
+        junk: Message = (b"junk", [("content-type", b"application/cloudevents+json")], b"\x00{")
+        async with running_daemon(s) as task:
+            partition, offset = await _send_batch(s, b"null", [([], None)], keyless=True)
+            await produce_raw(s, [junk])
+            await eventually(
+                _alive_and(task, lambda: scalar(s, "SELECT count(*) FROM matcher.quarantine") == 2),
+                timeout=60,
+                what="both records quarantined",
+            )
+            copies = await _dead_letter_copies(s, letters, want=2)
+            assert not task.done(), "the daemon stopped"
+        [null] = [c for c in copies if c.key is None]
+        assert null.value == b""
+        headers = dict(null.headers)
+        assert headers["matcher-null-value"] == b"true"
+        assert headers["matcher-origin"] == f"{s.events_topic}/{partition}/{offset}".encode()
+        [after] = [c for c in copies if c.key == b"junk"]
+        assert after.value == b"\x00{"
+        assert "matcher-null-value" not in dict(after.headers)
+        assert len(copies) == 2
+        assert REGISTRY.get_sample_value("matcher_dead_letters_dropped_total") == dropped
 
 
 async def test_a_failing_dead_letter_topic_does_not_stall_ingest(secure: Settings) -> None:
