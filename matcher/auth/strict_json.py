@@ -3,15 +3,20 @@
 Event bytes are signed; what matcher stores and republishes is what it parsed. Where
 parsers differ (a key given twice, UTF-16 input, ``NaN``, a lone surrogate escape) the
 bytes have no single meaning, so they are refused rather than read one of the ways. The
-same goes for what Postgres' ``jsonb`` cannot hold (NUL in a string, non-finite numbers)
-and for nesting past a bound, which would otherwise cost recursion in every reader after
-us (Python's own limit is an exception in the middle of a batch, not a rejection).
+same goes for what Postgres' ``jsonb`` cannot hold (NUL in a string, non-finite numbers),
+for a number whose decimal value is not that of the double it parses to (more digits than a
+double holds, or too small for one: what is stored and resumed would be another number
+than the one signed), and for nesting past a bound, which would otherwise cost recursion
+in every reader after us (Python's own limit is an exception in the middle of a batch, not
+a rejection).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
+from decimal import Decimal
 from typing import Any
 
 from matcher.domain.events import MAX_JSON_DEPTH, unstorable
@@ -53,8 +58,32 @@ _LONG_DIGITS_MIN = 300
 _LONG_DIGITS = re.compile(f"[0-9]{{{_LONG_DIGITS_MIN}}}")
 
 
+def _exact_float(text: str) -> float:
+    """The double ``text`` parses to, when its decimal value is that double's (as written
+    back, the shortest repr: what jsonb stores and the resume carries); otherwise refused,
+    since the number signed and the number stored would differ (1.00000000000000000001
+    would be 1.0, 1e-400 would be 0). Integers never come here: Python and jsonb hold them
+    exactly at any size."""
+    value = float(text)
+    # Most numbers are written as the shortest repr already (every JSON serializer
+    # writes doubles so): one comparison of strings, no Decimal.
+    if repr(value) == text or not math.isfinite(value):  # non-finite: refused by the walk
+        return value
+    try:
+        same = Decimal(repr(value)) == Decimal(text)
+    except ArithmeticError:  # an exponent past even Decimal's range (1e-99999999999999999999)
+        same = False
+    if not same:
+        why = "too small for a double" if value == 0 else "more precision than a double"
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        raise JsonRefused(f"the number {shown} cannot be stored exactly ({why})")
+    return value
+
+
 # One decoder for every call: json.loads with these options would build one each time.
-_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
+_DECODER = json.JSONDecoder(
+    object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants, parse_float=_exact_float
+)
 
 
 def _may_be_unstorable(text: str, max_depth: int) -> bool:

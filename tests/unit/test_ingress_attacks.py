@@ -67,6 +67,9 @@ def test_a_body_with_a_duplicated_key_is_refused_even_when_signed(registry: Regi
         b'{"id":"e","type":"batch.completed","data":{"id":"a"},"x":' + b"[" * 100_000 + b"}",
         b'{"id":"e","type":"batch.completed","data":{"id":"\\ud800"}}',
         b'{"id":"e","type":"batch.completed","data":{"id":"a\\u0000"}}',
+        # Numbers the store would hold as other numbers than the ones signed.
+        b'{"id":"e","type":"batch.completed","data":{"id":"a","n":1.00000000000000000001}}',
+        b'{"id":"e","type":"batch.completed","data":{"id":"a","n":1e-400}}',
     ],
 )
 def test_hostile_signed_bodies_are_refused_without_raising(registry: Registry, body: bytes) -> None:
