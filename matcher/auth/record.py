@@ -13,7 +13,11 @@ exact bytes, and everything that another reader could take differently is refuse
   lowercases names and keeps the last, so such a record means one thing to the signature
   and another to a reader. Other headers are ignored.
 - structured mode is exactly ``content-type: application/cloudevents+json``; it carries
-  every attribute in the value, so a ``ce_`` header beside it is *ambiguous* as well.
+  every attribute in the value, so a ``ce_`` header beside it is *ambiguous* as well, and
+  so is an envelope key that folds, by the same rule as header names, to a key the gate
+  reads (``Tenant``, ``correlationId``, ``ID``), with or without the exact key beside it.
+- a record with neither (no ``ce_`` header, another content type, or none) is no
+  CloudEvent: *malformed*, decided before any producer is looked up.
 - binary mode takes the attributes from ``ce_`` headers (UTF-8, non-empty) and the data
   from the value, which must be JSON (``content-type`` a JSON media type, or absent).
 - JSON is read strictly (``matcher.auth.strict_json``).
@@ -47,6 +51,8 @@ REQUIRED = ("specversion", "id", "source", "type", "tenant", "correlationid")
 OPTIONAL = ("jobid", "time")
 _READ = (*REQUIRED, *OPTIONAL)
 _READ_HEADERS = tuple((name, b"ce_" + name.encode()) for name in _READ)
+# Every key of a structured envelope the reading looks at.
+_ENVELOPE_READ = frozenset({*_READ, "datacontenttype", "data", "data_base64"})
 
 # Forwarded plain webhooks (matcher.auth.webhooks) add the producer's name and the
 # signature headers of GitHub and Stripe.
@@ -127,6 +133,12 @@ def folds(name: str) -> set[str]:
 
 def _looks_reserved(name: str) -> bool:
     return any(f in _RESERVED_FOLDED or f.startswith("ce_") for f in folds(name))
+
+
+def _looks_like_attribute(key: str) -> bool:
+    """Whether a structured envelope's key is another spelling of an attribute the gate
+    reads: the headers' rule (``folds``), so the two cannot drift apart."""
+    return any(f in _ENVELOPE_READ for f in folds(key))
 
 
 def _show(name: bytes) -> str:
@@ -256,6 +268,15 @@ def claim(record: RawRecord) -> Claim | Rejection:
         return partial.reject(
             "malformed", f"{kind} is not supported: send one event per record, as JSON"
         )
+    if not structured and not any(name.startswith(CE_PREFIX) for name in reserved):
+        # Before the producer is looked up: a record that is no CloudEvent names none, and
+        # saying so reveals nothing about the registry.
+        hint = f" (content-type is {kind!r})" if kind else ""
+        return partial.reject(
+            "malformed",
+            "not a CloudEvent: a binary-mode event carries its attributes in ce_ headers, and "
+            f"a structured-mode one needs content-type {STRUCTURED_MEDIA_TYPE}{hint}",
+        )
     ids = _structured_ids(record, reserved, partial) if structured else _binary_ids(reserved)
     if isinstance(ids, Rejection):
         return partial.reject(ids.reason, ids.detail)
@@ -314,6 +335,9 @@ def _structured_ids(
     if not isinstance(envelope, dict):
         return Rejection("malformed", "a structured-mode event must be a JSON object")
     partial.attributes.update(envelope)
+    lookalike = _lookalike_key(envelope)
+    if lookalike is not None:
+        return lookalike
     source, event_id = envelope.get("source", ""), envelope.get("id", "")
     if not (isinstance(source, str) and isinstance(event_id, str)):
         return Rejection("malformed", "the attributes source and id must be strings")
@@ -321,6 +345,33 @@ def _structured_ids(
     if problem is not None:
         return Rejection("malformed", f"the attributes source and id must not contain {problem}")
     return source, event_id
+
+
+# Envelope keys repeat from record to record: whether one is a look-alike is remembered,
+# as for header names (bounded: the keys are the sender's choice).
+_KEY_LOOKALIKE: dict[str, bool] = {}
+
+
+def _lookalike_key(envelope: dict[str, Any]) -> Rejection | None:
+    """A rejection when a key of ``envelope`` is another spelling of one the gate reads
+    ("Tenant", "correlationId", "ID"...): a reader that folds case, as Go's encoding/json
+    does, would take it for that attribute, and with the exact key beside it read the
+    other value. Alone it is refused too: that reader would see an attribute we do not."""
+    for key in envelope:
+        if key in _ENVELOPE_READ:
+            continue
+        found = _KEY_LOOKALIKE.get(key)
+        if found is None:
+            found = _looks_like_attribute(key)
+            if len(_KEY_LOOKALIKE) < _NAME_KINDS_MAX and len(key) <= _MEDIA_TYPE_CACHED_BYTES:
+                _KEY_LOOKALIKE[key] = found
+        if found:
+            return Rejection(
+                "ambiguous",
+                f"the key {key[:80]!r} is another spelling of an attribute matcher reads; "
+                "send each attribute once, lowercase, exactly as named (e.g. tenant)",
+            )
+    return None
 
 
 def read_view(
@@ -342,13 +393,6 @@ def _binary(
     partial: _Partial,
     max_json_depth: int,
 ) -> View | Rejection:
-    if not any(name.startswith(CE_PREFIX) for name in reserved):
-        hint = f" (content-type is {kind!r})" if kind else ""
-        return partial.reject(
-            "malformed",
-            "not a CloudEvent: a binary-mode event carries its attributes in ce_ headers, and "
-            f"a structured-mode one needs content-type {STRUCTURED_MEDIA_TYPE}{hint}",
-        )
     if b"ce_datacontenttype" in reserved:
         return partial.reject(
             "ambiguous",

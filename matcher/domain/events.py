@@ -165,11 +165,12 @@ class QuarantinedRecord(BaseModel):
 # Every reason a record is quarantined for, with what it means (the README and the schemas
 # list the same codes; a test holds them equal).
 REASONS: dict[str, str] = {
-    "malformed": "not a completion event matcher can read: bad JSON, a missing or invalid "
-    "attribute, data that is not JSON, an unsupported content type",
+    "malformed": "not a completion event matcher can read: not a CloudEvent at all, bad "
+    "JSON, a number a double cannot hold exactly, a missing or invalid attribute, data that "
+    "is not JSON, an unsupported content type",
     "ambiguous": "the record has more than one reading: a header the gate reads appears "
-    "twice or under another spelling (case, width, spaces), or structured mode comes with "
-    "ce_ headers",
+    "twice or under another spelling (case, width, spaces), a structured envelope key is "
+    "another spelling of an attribute, or structured mode comes with ce_ headers",
     "unmappable": "a plain webhook whose signed body lacks what its producer's mapping "
     "reads (a missing field, or one that is not a string or an integer)",
     "limit_exceeded": "past a structural bound: JSON nesting, header count, or signatures "

@@ -6,8 +6,11 @@ SDK is held to it here: whatever the gate accepts, the SDK reads as the same eve
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,9 +18,12 @@ from cloudevents.core.bindings import kafka as ce_kafka
 from cloudevents.core.formats.json import JSONFormat
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from matcher_producer import SigningKey
 
+from matcher.auth.policy import Policy
+from matcher.auth.registry import Registry, parse_registry
 from matcher.domain.events import CompletionEvent, Rejection
-from tests.helpers import parse_record, to_record
+from tests.helpers import UNSIGNED, parse_record, to_record
 
 EVENT = CompletionEvent(
     id="evt-1",
@@ -175,6 +181,9 @@ def test_unrelated_headers_are_ignored_and_unknown_extensions_dropped() -> None:
         (b'{"t": "a\\u0000b"}', "malformed"),
         (b'{"n": NaN}', "malformed"),
         (b'{"n": 1e400}', "malformed"),
+        (b'{"n": 1.00000000000000000001}', "malformed"),
+        (b'{"n": 1e-400}', "malformed"),
+        (b'{"pi": 3.141592653589793238462643383279}', "malformed"),
         (b"1" * 5000, "malformed"),
         (b"\xef\xbb\xbf{}", "malformed"),
         ('{"a": 1}'.encode("utf-16"), "malformed"),
@@ -191,6 +200,8 @@ def test_json_is_read_one_way_or_refused(value: bytes, reason: str) -> None:
         ("[" * 5000 + "]" * 5000, "limit_exceeded"),
         ('{"a": 1, "a": 2}', "ambiguous"),
         ('"\\udc00"', "malformed"),
+        ('{"n": 1.00000000000000000001}', "malformed"),
+        ("[1e-400]", "malformed"),
     ],
 )
 def test_structured_json_is_read_one_way_or_refused(data: str, reason: str) -> None:
@@ -325,3 +336,133 @@ def test_identifiers_are_bounded_in_bytes_not_only_characters() -> None:
     parsed = _reject(headers, b"{}")
     assert parsed.reason == "malformed"
     assert "512 bytes" in parsed.detail
+
+
+# --- records that are no CloudEvent, judged with producers registered --------------------
+
+_SECRET = "whsec_" + base64.b64encode(b"binding-test-secret-32-bytes!!!!").decode()
+_REGISTRY = parse_registry(
+    f"""
+    [producers."billing"]
+    tenants = ["acme"]
+    types = ["job.completed"]
+    [[producers."billing".keys]]
+    id = "k1"
+    hmac_secret = "{_SECRET}"
+    """,
+    Path("."),
+)
+
+
+def _sdk_structured(content_type: bytes | None) -> tuple[list[tuple[str, bytes]], bytes]:
+    """What the classic CloudEvents SDK's kafka.to_structured sends: the envelope, with the
+    data's content type (or none) as content-type, signed as Standard Webhooks."""
+    envelope = json.dumps(
+        {"specversion": "1.0", "id": "e1", "source": "billing", "type": "job.completed",
+         "tenant": "acme", "correlationid": "c1", "data": {"rows": 7}}
+    ).encode()  # fmt: skip
+    stamp = str(int(datetime.now(UTC).timestamp()))
+    message = f"e1.{stamp}.".encode() + envelope
+    signature = SigningKey.parse("k1", _SECRET).sign(message).encode()
+    headers = [("webhook-id", b"e1"), ("webhook-timestamp", stamp.encode()),
+               ("webhook-signature", signature)]  # fmt: skip
+    if content_type is not None:
+        headers.append(("content-type", content_type))
+    return headers, envelope
+
+
+@pytest.mark.parametrize(
+    ("headers", "value", "shown"),
+    [
+        (*_sdk_structured(b"application/json"), "'application/json'"),
+        (*_sdk_structured(None), ""),
+        ([], None, ""),  # a tombstone
+        ([("content-type", b"text/plain")], b"hello", "'text/plain'"),
+        ([("traceparent", b"00-abc")], b"{}", ""),
+    ],
+)
+@pytest.mark.parametrize("policy", [UNSIGNED, Policy()], ids=["unsigned allowed", "signed"])
+def test_a_record_that_is_no_cloudevent_is_malformed_whoever_is_registered(
+    headers: list[tuple[str, bytes]], value: bytes | None, shown: str, policy: Policy
+) -> None:
+    """Not ``unknown_producer: no producer ''``: the record names no producer, and that it
+    is not a CloudEvent is known before the registry is asked."""
+    for registry in (_REGISTRY, Registry()):
+        parsed = parse_record(headers, None, value, policy=policy, registry=registry)
+        assert isinstance(parsed, Rejection), parsed
+        assert (parsed.reason, parsed.detail.split(":")[0]) == ("malformed", "not a CloudEvent")
+        assert "application/cloudevents+json" in parsed.detail
+        assert shown in parsed.detail
+        assert "billing" not in parsed.detail
+        assert "registered" not in parsed.detail
+
+
+def test_the_sdk_structured_record_is_accepted_once_its_content_type_is_right() -> None:
+    headers, value = _sdk_structured(b"application/cloudevents+json")
+    parsed = parse_record(headers, None, value, policy=Policy(), registry=_REGISTRY)
+    assert isinstance(parsed, CompletionEvent), parsed
+
+
+# --- structured envelope keys: one spelling -----------------------------------------------
+
+_ENVELOPE = {"specversion": "1.0", "id": "a", "source": "s", "type": "t", "tenant": "x",
+             "correlationid": "c", "jobid": "j", "data": {"ok": True}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("Tenant", "globex"),
+        ("TENANT", "globex"),
+        ("correlationId", "victim"),
+        ("CorrelationID", "victim"),
+        ("ID", "b"),
+        ("Id", "b"),
+        ("Source", "other"),
+        ("Type", "job.failed"),
+        ("SpecVersion", "0.3"),
+        ("JobId", "k"),
+        ("Time", "2026-01-01T00:00:00Z"),
+        ("Data", {"ok": False}),
+        ("DataContentType", "text/plain"),
+        ("Data_Base64", "AA=="),
+        ("tenant ", "globex"),
+        ("\uff54\uff45\uff4e\uff41\uff4e\uff54", "globex"),  # fullwidth
+        ("\u212aind", "x"),  # not a look-alike of anything read: see below
+    ],
+)
+@pytest.mark.parametrize("beside", [True, False], ids=["beside the exact key", "alone"])
+def test_an_envelope_key_that_folds_to_an_attribute_is_ambiguous(
+    key: str, value: Any, beside: bool
+) -> None:
+    """A reader that folds case (Go's encoding/json, for one) would take it for the
+    attribute: beside the exact key it might read the other value, alone it reads an
+    attribute we do not."""
+    envelope = dict(_ENVELOPE)
+    exact = next((name for name in envelope if name == key.strip().lower()), None)
+    if not beside and exact is not None:
+        del envelope[exact]  # ambiguous still, not merely missing
+    envelope[key] = value
+    parsed = parse_record(STRUCTURED, None, json.dumps(envelope).encode())
+    if key == "\u212aind":
+        assert isinstance(parsed, CompletionEvent), parsed  # "kind" is read by nobody
+        return
+    assert isinstance(parsed, Rejection), parsed
+    assert parsed.reason == "ambiguous"
+    assert repr(key) in parsed.detail
+
+
+@pytest.mark.parametrize("key", ["subject", "tenantid", "x-tenant", "dataschema", "Extension"])
+def test_other_envelope_keys_are_read_past(key: str) -> None:
+    parsed = parse_record(STRUCTURED, None, json.dumps({**_ENVELOPE, key: "v"}).encode())
+    assert isinstance(parsed, CompletionEvent), parsed
+
+
+def test_a_lookalike_key_is_refused_before_the_producer_is_asked() -> None:
+    """Like a look-alike header: refused at the claim, for any sender, with or without a
+    registered producer (the reason says nothing about the registry)."""
+    value = json.dumps({**_ENVELOPE, "source": "billing", "Tenant": "globex"}).encode()
+    for registry in (_REGISTRY, Registry()):
+        parsed = parse_record(STRUCTURED, None, value, policy=Policy(), registry=registry)
+        assert isinstance(parsed, Rejection)
+        assert parsed.reason == "ambiguous"
