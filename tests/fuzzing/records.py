@@ -581,6 +581,10 @@ _HOSTILE_JSON = (
     b"9" * 4300,
     b"-0",
     b"1.0e+2",
+    b"1.50",  # exactly a double, written otherwise: fine
+    b"1.00000000000000000001",  # more precision than a double: stored as 1.0
+    b"3.141592653589793238",
+    b"4.9e-324",
     b'"\xed\xa0\x80"',
     b'"\xc0\x80"',
     b'"\x00"',
@@ -920,6 +924,22 @@ def _hostile_attribute(c: Chooser, record: Record) -> Record:
     return _with_headers(record, [*kept, (header, _as_header(hostile))])
 
 
+_READ_KEYS = ("tenant", "type", "id", "source", "correlationid", "jobid", "time", "data")
+
+
+def _lookalike_key(c: Chooser, record: Record) -> Record:
+    """A structured envelope given a key that a case-folding reader takes for one matcher
+    reads ("Tenant", "correlationId"), beside the exact one or instead of it."""
+    envelope = _envelope(record) if _is_structured(record) else None
+    if envelope is None:
+        return _hostile_attribute(c, record)
+    name = c.choice(_READ_KEYS)
+    if c.boolean():
+        envelope.pop(name, None)
+    envelope[_text_respelling(c, name)] = c.choice(_HOSTILE_ATTRIBUTES)
+    return replace(record, value=json.dumps(envelope).encode())
+
+
 def _event_id(record: Record) -> bytes:
     if _is_structured(record):
         envelope = _envelope(record) or {}
@@ -969,5 +989,6 @@ def fuzz_record(c: Chooser) -> Record:
     if signing == 2:
         record = resign(c, record)
     elif signing == 3:
-        record = resign(c, _hostile_attribute(c, record))
+        hostile = _hostile_attribute if c.boolean() else _lookalike_key
+        record = resign(c, hostile(c, record))
     return record

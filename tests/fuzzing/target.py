@@ -8,6 +8,9 @@ finding and returns None otherwise. What it holds:
 - the quarantine row built from a rejection can be written: every text is UTF-8 without
   NUL or lone surrogates, the headers JSON encodes (and has no ``\\u0000``, which jsonb
   refuses), sizes keep to the bounds, and the headers read back as they were received;
+- an accepted event has the meaning any other reader gives its bytes: each number in its
+  data is the number written (read with ``Decimal``), and in structured mode no envelope key
+  is one that a case-folding reader would take for an attribute matcher reads;
 - an accepted event is storable: its data is JSON that jsonb holds, its identifiers are
   text Postgres holds, and its time is an instant that Python can still read back (a
   timestamp outside ``datetime``'s range stores, but no reader can load it).
@@ -24,6 +27,7 @@ import json
 import re
 from dataclasses import replace
 from datetime import UTC, datetime
+from decimal import Decimal
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -79,6 +83,7 @@ def check_record(key: bytes | None, headers: tuple[Header, ...], value: bytes | 
     verdict = judge_record(key, headers, value)
     if isinstance(verdict, CompletionEvent):
         check_accepted(verdict)
+        check_one_meaning(headers, value, verdict)
     elif isinstance(verdict, Rejection):
         check_rejection(verdict)
         check_quarantine_row(key, headers, value, verdict)
@@ -167,6 +172,41 @@ def check_accepted(event: CompletionEvent) -> None:
                 f"accepted time {event.time.isoformat()} is outside datetime's range in UTC"
             ) from None
     event.model_dump_json()
+
+
+# The envelope keys matcher reads; another key folding to one is a second reading.
+_READ_KEYS = frozenset(
+    {"specversion", "id", "source", "type", "tenant", "correlationid", "jobid", "time",
+     "datacontenttype", "data", "data_base64"}
+)  # fmt: skip
+
+
+def _as_decimals(value: Any) -> Any:
+    """``value`` with each float as the decimal it is written back as (its repr)."""
+    if isinstance(value, float):
+        return Decimal(repr(value))
+    if isinstance(value, list):
+        return [_as_decimals(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _as_decimals(v) for k, v in value.items()}
+    return value
+
+
+def check_one_meaning(
+    headers: tuple[Header, ...], value: bytes | None, event: CompletionEvent
+) -> None:
+    """An accepted record read by another reader (Decimal numbers, folded keys) says the
+    same as matcher's reading of it."""
+    if not value:
+        return
+    content_type = next((v for n, v in headers if n == b"content-type"), None) or b""
+    other = json.loads(value, parse_float=Decimal)
+    if content_type.lower().startswith(b"application/cloudevents"):
+        for key in other:
+            folded = key.casefold()
+            assert folded == key or folded not in _READ_KEYS, f"envelope key {key!r} accepted"
+        other = other.get("data")
+    assert _as_decimals(event.data) == other, "a number in the data is not the one written"
 
 
 def check_rejection(rejection: Rejection) -> None:

@@ -12,6 +12,7 @@ records and HTTP requests a fifth each). The long run is
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import replace
 
@@ -19,10 +20,17 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 from matcher_producer import CompletionEvent as ProducerEvent
-from matcher_producer import encode, sign_record
+from matcher_producer import KafkaRecord, encode, sign_record
 
 from tests.fuzzing.choosers import HypothesisChooser
-from tests.fuzzing.records import ARRIVAL, PRODUCERS, RESERVED_NAMES, Record, fuzz_record
+from tests.fuzzing.records import (
+    ARRIVAL,
+    PRODUCERS,
+    RESERVED_NAMES,
+    Header,
+    Record,
+    fuzz_record,
+)
 from tests.fuzzing.target import check_record, check_request, reproducer, request_reproducer
 from tests.fuzzing.webhooks import ALL_SOURCES, Request, as_record, fuzz_request
 
@@ -120,3 +128,52 @@ def test_signed_time_outside_datetime_range(time: bytes) -> None:
     key = PRODUCERS[1].keys[0].signing
     signed = sign_record(replace(record, headers=headers), "e1", [key], timestamp=ARRIVAL)
     check_record(signed.key, tuple((n.encode(), v) for n, v in signed.headers), signed.value)
+
+
+def _signed_structured(extra: dict[str, object]) -> Record:
+    event = ProducerEvent(
+        source="ed-svc", type="job.completed", tenant="acme", correlation_id="c", id="e1"
+    )
+    record = encode(event, structured=True)
+    envelope = {**json.loads(record.value), **extra}
+    record = replace(record, value=json.dumps(envelope).encode())
+    key = PRODUCERS[1].keys[0].signing
+    signed = sign_record(record, "e1", [key], timestamp=ARRIVAL)
+    return Record(signed.key, tuple((n.encode(), v) for n, v in signed.headers), signed.value)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"Tenant": "globex"}, {"correlationId": "victim"}, {"ID": "e2"}],
+    ids=["Tenant", "correlationId", "ID"],
+)
+def test_signed_envelope_key_lookalikes_have_no_second_reading(extra: dict[str, object]) -> None:
+    """Found by the other-reader check: a registered producer's envelope with a key that a
+    case-folding reader takes for an attribute was accepted, read by its exact key."""
+    check_record(*_parts(_signed_structured(extra)))
+
+
+@pytest.mark.parametrize(
+    "data", [b'{"n":1.00000000000000000001}', b"[1e-400]", b"3.1415926535897932384"]
+)
+def test_signed_numbers_are_the_numbers_written(data: bytes) -> None:
+    """Found by the other-reader check: data numbers with more precision than a double (or
+    too small for one) were accepted as another number than the one signed."""
+    record = _signed_structured({"data": None})
+    envelope = record.value or b""
+    value = envelope.replace(b'"data": null', b'"data": ' + data)
+    assert value != envelope
+    check_record(*_parts(resign_as(record, value)))
+
+
+def resign_as(record: Record, value: bytes) -> Record:
+    key = PRODUCERS[1].keys[0].signing
+    headers = [(n.decode(), v or b"") for n, v in record.headers if not n.startswith(b"webhook-")]
+    signed = sign_record(
+        KafkaRecord(record.key or b"", headers, value), "e1", [key], timestamp=ARRIVAL
+    )
+    return Record(signed.key, tuple((n.encode(), v) for n, v in signed.headers), signed.value)
+
+
+def _parts(record: Record) -> tuple[bytes | None, tuple[Header, ...], bytes | None]:
+    return record.key, record.headers, record.value
