@@ -34,14 +34,17 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-# Control characters (a newline above all), and the DEL/C1 range terminals act on.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# Control characters (a newline above all), the DEL/C1 range terminals act on, the bidi
+# overrides and isolates that make text read in another order than it is stored, and lone
+# surrogates (from undecodable arguments: a strict UTF-8 stream would refuse to write them).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 _NEEDS_QUOTES = re.compile(r'[\s="\\]')
 
 
-def _escape(text: str) -> str:
+def escape(text: str) -> str:
     """``text`` with every control character shown as an escape, so that a value from a
-    record (a source, an id: attacker-chosen) cannot start a line or move the cursor."""
+    record (a source, an id: attacker-chosen) cannot start a line or move the cursor. The
+    one escaping of text for a terminal: the log lines and the CLI's tables and lines."""
     return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
@@ -51,7 +54,7 @@ def _field(value: object) -> str:
     text = str(value)
     if text and not _NEEDS_QUOTES.search(text) and not _CONTROL.search(text):
         return text
-    return '"' + _escape(text.replace("\\", "\\\\").replace('"', '\\"')) + '"'
+    return '"' + escape(text.replace("\\", "\\\\").replace('"', '\\"')) + '"'
 
 
 class TextFormatter(logging.Formatter):
@@ -62,7 +65,7 @@ class TextFormatter(logging.Formatter):
         super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        return _escape(super().formatMessage(record))
+        return escape(super().formatMessage(record))
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)

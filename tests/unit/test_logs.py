@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from matcher.logs import JsonFormatter, TextFormatter
+from matcher.logs import JsonFormatter, TextFormatter, escape
 
 HOSTILE = 'billing\nFORGED level=ERROR msg="x"\r\x1b[2J\u2028 end'
 
@@ -40,3 +40,23 @@ def test_json_lines_are_json() -> None:
     line = JsonFormatter().format(_record(producer=HOSTILE))
     assert "\n" not in line
     assert json.loads(line)["producer"] == HOSTILE
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("\x1b[2J", "\\x1b[2J"),  # ESC: erase the screen
+        ("\x1b]0;PWNED\x07", "\\x1b]0;PWNED\\x07"),  # OSC: set the window title
+        ("a\nb\tc\rd", "a\\nb\\tc\\rd"),  # a cell or a line cannot be broken
+        ("\x7f\x9b31m", "\\x7f\\x9b31m"),  # DEL, and CSI in its one-byte C1 form
+        ("\u202eevil\u2066", "\\u202eevil\\u2066"),  # bidi override and isolate
+        ("\udcff\udcfe", "\\udcff\\udcfe"),  # an argument that was not UTF-8
+        ("[red]x[/red] [link=https://e.example]y[/link]", None),  # markup is just text
+        ("acme/run-7 café ünïcode", None),  # printable text is left alone
+    ],
+)
+def test_escape_shows_every_control_character(text: str, shown: str | None) -> None:
+    escaped = escape(text)
+    assert escaped == (text if shown is None else shown)
+    assert escaped.isprintable()
+    escaped.encode("utf-8")  # writable to a strict UTF-8 stream
