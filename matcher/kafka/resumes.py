@@ -109,7 +109,8 @@ async def tail(
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                wait_ms = max(1, min(wait_ms, int(left * 1000)))
+                # min before int: an infinite --timeout is no timeout, not an OverflowError.
+                wait_ms = max(1, int(min(wait_ms, left * 1000)))
             async with asyncio.timeout(CALL_TIMEOUT_S + wait_ms / 1000):
                 batch = await consumer.getmany(timeout_ms=wait_ms)
             for records in batch.values():
