@@ -45,6 +45,7 @@ from typer.core import TyperGroup, TyperOption
 
 from matcher import __version__
 from matcher.config import KafkaSettings, Settings, _describe
+from matcher.logs import escape
 
 if TYPE_CHECKING:
     from matcher.store.views import View
@@ -107,7 +108,7 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 def _version(value: bool) -> None:
     if value:
-        print(f"matcher {__version__}")
+        _say(f"matcher {__version__}")
         raise typer.Exit()
 
 
@@ -127,9 +128,16 @@ def _one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
+def _say(line: str, *, stderr: bool = False) -> None:
+    """Print a line for a person. Every human-readable line goes through here (tables
+    through ``_table``): what it shows is often stored text a sender chose, or an argument
+    that is not UTF-8, and a terminal would act on the control characters in it."""
+    print(escape(line), file=sys.stderr if stderr else sys.stdout, flush=True)
+
+
 def _fail(lines: Sequence[str], code: int = EXIT_FAILED) -> NoReturn:
     for line in lines:
-        print(line, file=sys.stderr)  # unwrapped: one line per problem, even on a narrow tty
+        _say(line, stderr=True)  # unwrapped: one line per problem, even on a narrow tty
     raise typer.Exit(code)
 
 
@@ -218,10 +226,11 @@ def _when(moment: datetime | None) -> str:
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-    # Cells are Text, not markup: a tenant or a quarantine detail is whatever a record said.
+    # Cells are Text, not markup, and escaped: a tenant or a quarantine detail is whatever
+    # a record said, "[red]" and ESC included.
     table = Table(*headers)
     for row in rows:
-        table.add_row(*(Text(str(cell)) for cell in row))
+        table.add_row(*(Text(escape(str(cell))) for cell in row))
     out.print(table)
 
 
@@ -425,13 +434,13 @@ def migrate(
         )
         return
     for migration in applied:
-        print(f"applied migration {migration.version:04d}_{migration.name}")
+        _say(f"applied migration {migration.version:04d}_{migration.name}")
     if not applied:
-        print("database schema is up to date")
+        _say("database schema is up to date")
     for line in done:
-        print(line)
+        _say(line)
     if topics and not done:
-        print("topics exist")
+        _say("topics exist")
 
 
 def _devstack() -> Any:
@@ -557,7 +566,7 @@ def devstack_env(as_json: JsonFlag = False) -> None:
         print(json.dumps(variables))
     else:
         for key, value in variables.items():
-            print(f"export {key}={shlex.quote(value)}")
+            _say(f"export {key}={shlex.quote(value)}")
 
 
 BrokerArg = Annotated[int, typer.Argument(help="The broker's node id (1, 2, 3).", min=0)]
@@ -709,12 +718,12 @@ def explain(
     if as_json:
         _print_json(explanation_body(run_id, explanation))
         return
-    print(
+    _say(
         f"run {run_id} ({wait['tenant']}), position {wait['position']}, wait "
         f"{wait['id']}: {explanation.verdict.value}"
     )
     for reason in explanation.reasons:
-        print(f"  - {reason}")
+        _say(f"  - {reason}")
 
 
 def _load_reconciler(spec: str) -> Any:
@@ -777,9 +786,9 @@ def reconcile(
     for r in results:
         extra = f" job {r.external_job_id}" if r.external_job_id else ""
         note = f" ({r.detail})" if r.detail else ""
-        print(f"{r.launch_id} run {r.run_id}: {r.answer}{extra}{note}")
+        _say(f"{r.launch_id} run {r.run_id}: {r.answer}{extra}{note}")
     if not results:
-        print("no launch intents to reconcile")
+        _say("no launch intents to reconcile")
 
 
 def _uuid(value: str, what: str) -> uuid.UUID:
@@ -806,13 +815,13 @@ def launches_show(
     if as_json:
         _print_json({**launch.model_dump(), "audit": trail})
         return
-    print(
+    _say(
         f"launch {launch.id} run {launch.run_id} pos {launch.position}: {launch.state.value}, "
         f"key {launch.idempotency_key}, correlation {launch.correlation_id}, "
         f"job {launch.external_job_id or '-'}"
     )
     for entry in trail:
-        print(
+        _say(
             f"  {_when(entry['at'])} {entry['actor']}: {entry['answer']}"
             + (f" {entry['external_job_id']}" if entry["external_job_id"] else "")
         )
@@ -875,7 +884,7 @@ def waits_add(
     if as_json:
         _print_json(wait)
     else:
-        print(f"wait {wait.id} {wait.state.value}")
+        _say(f"wait {wait.id} {wait.state.value}")
 
 
 _FILTER_OPTIONS = {
@@ -965,7 +974,7 @@ def waits_cancel(
     if as_json:
         _print_json(cancelled)
     else:
-        print(f"wait {wait_id} cancelled")
+        _say(f"wait {wait_id} cancelled")
 
 
 @events_app.command("list")
@@ -1041,10 +1050,9 @@ def resumes_tail(
         else:
             event = data.get("event") or {}
             what = f"{event.get('source')}/{event.get('id')}" if event else "-"
-            print(
+            _say(
                 f"{data['tenant']} run={data['run_id']} pos={data['position']} "
-                f"{data['outcome']} event={what} resolution={data['resolution_id']}",
-                flush=True,
+                f"{data['outcome']} event={what} resolution={data['resolution_id']}"
             )
 
     asyncio.run(tail(settings, show, from_beginning, max_count, timeout))
@@ -1119,7 +1127,7 @@ def emit(
             }
         )
     else:
-        print(
+        _say(
             f"emitted {event.source}/{event.id} to {settings.events_topic} "
             f"(partition {partition}, offset {offset})"
         )
@@ -1218,9 +1226,9 @@ def quarantine_replay(
         _print_json([o.__dict__ for o in outcomes])
     else:
         for o in outcomes:
-            print(f"{o.id}: {o.result}" + (f" ({o.detail})" if o.detail else ""))
+            _say(f"{o.id}: {o.result}" + (f" ({o.detail})" if o.detail else ""))
         if not outcomes:
-            print("nothing to replay")
+            _say("nothing to replay")
     if record_id is not None and not outcomes:
         _fail([f"matcher: no unreplayed quarantine record {record_id}"])
 
@@ -1313,10 +1321,10 @@ def main(args: Sequence[str] | None = None) -> None:
         code = EXIT_USAGE
     except click_errors.UsageError as exc:
         where = exc.ctx.command_path if exc.ctx is not None else "matcher"
-        print(f"{where}: {_one_line(exc.format_message())} (see --help)", file=sys.stderr)
+        _say(f"{where}: {_one_line(exc.format_message())} (see --help)", stderr=True)
         code = EXIT_USAGE
     except click_errors.ClickException as exc:
-        print(f"matcher: {_one_line(exc.format_message())}", file=sys.stderr)
+        _say(f"matcher: {_one_line(exc.format_message())}", stderr=True)
         code = exc.exit_code
     except typer.Abort:
         code = EXIT_INTERRUPTED
@@ -1327,5 +1335,5 @@ def main(args: Sequence[str] | None = None) -> None:
         if found is None:
             raise
         line, code = found
-        print(line, file=sys.stderr)
+        _say(line, stderr=True)
     sys.exit(code if isinstance(code, int) else EXIT_OK)

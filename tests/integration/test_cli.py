@@ -433,3 +433,56 @@ def test_run_says_why_it_cannot_start(settings: Settings, tmp_path: Path) -> Non
     broken.write_bytes(b"# caf\xe9\n")  # a Latin-1 comment: valid TOML, but not UTF-8
     not_utf8 = f"cannot start: producers file {broken}: not valid UTF-8: byte 0xe9 at offset 5"
     assert not_utf8 in last_line(_run(bad_file, "run"), 2)
+
+
+# Sender-chosen text as a terminal would get it: an erase, a window title, a colour, a
+# line break, a bidi override, and rich markup.
+HOSTILE = "inj\x1b[2J\x1b]0;PWNED\x07\x1b[31m\n\t\u202e[red]x[/red][link=https://e.example]l[/link]"
+RAW_CONTROLS = ("\x1b", "\x07", "\u202e", "\n\t")
+
+
+def _shown_escaped(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+    for raw in RAW_CONTROLS:
+        assert raw not in done.stdout, done.stdout
+    assert "\\x1b[2J\\x1b]0;PWNED\\x07\\x1b[31m\\n\\t\\u202e" in done.stdout, done.stdout
+    assert "[red]x[/red][link=https://e.example]l[/link]" in done.stdout, done.stdout
+    return done.stdout
+
+
+@pytest.mark.timeout(180)
+async def test_stored_text_reaches_the_terminal_escaped(settings: Settings) -> None:
+    """An event and a quarantined record whose ids, source and tenant hold terminal
+    escapes: every table and line shows them escaped, and --json gives them back exact."""
+    env = process_env(settings, COLUMNS="2000")
+    added = _run(env, "waits", "add", "--tenant", HOSTILE, "--run", "r-esc", "--position",
+                 "0", "--type", "job.completed", "--correlation", HOSTILE)  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    unsigned = [
+        ("ce_specversion", b"1.0"),
+        ("ce_id", HOSTILE.encode()),
+        ("ce_source", HOSTILE.encode()),
+        ("ce_tenant", HOSTILE.encode()),
+        ("ce_correlationid", HOSTILE.encode()),
+    ]  # no ce_type: quarantined as malformed, with the attributes it did have
+    async with running_daemon(settings):
+        await produce(settings, [event(HOSTILE, HOSTILE, source=HOSTILE, event_id=HOSTILE)])
+        await produce_raw(settings, [(None, unsigned, b"{}")])
+        await eventually(
+            lambda: (
+                scalar(settings, "SELECT count(*) FROM matcher.inbox") == 1
+                and scalar(settings, "SELECT count(*) FROM matcher.quarantine") == 1
+            )
+        )
+    [record] = json.loads(_run(env, "quarantine", "list", "--json").stdout)
+    assert (record["producer"], record["event_id"], record["tenant"]) == (HOSTILE,) * 3
+    [stored] = json.loads(_run(env, "events", "list", "--json").stdout)
+    assert stored["correlation_id"] == HOSTILE
+    _shown_escaped(_run(env, "quarantine", "list"))
+    _shown_escaped(_run(env, "events", "list"))
+    _shown_escaped(_run(env, "waits", "list"))
+    _shown_escaped(_run(env, "explain", "r-esc"))
+    # An infinite --timeout is no timeout (it was an OverflowError).
+    tailed = _run(env, "resumes", "tail", "--from-beginning", "--max", "1", "--timeout", "inf")
+    assert _shown_escaped(tailed).count("\n") == 1
+
