@@ -45,6 +45,7 @@ from typer.core import TyperGroup, TyperOption
 
 from matcher import __version__
 from matcher.config import KafkaSettings, Settings, _describe
+from matcher.domain.events import BIGINT_MAX
 from matcher.logs import escape
 
 if TYPE_CHECKING:
@@ -761,7 +762,9 @@ def reconcile(
     older_than: Annotated[
         float, typer.Option(min=0, help="Only intents older than this many seconds.")
     ] = 300.0,
-    limit: Annotated[int, typer.Option(min=1, help="At most this many intents per run.")] = 1000,
+    limit: Annotated[
+        int, typer.Option(min=1, max=BIGINT_MAX, help="At most this many intents per run.")
+    ] = 1000,
     as_json: JsonFlag = False,
 ) -> None:
     """Reconcile launch intents that never recorded a job id (the worker died around the
@@ -1181,7 +1184,10 @@ def quarantine_list(
 @quarantine_app.command("replay")
 def quarantine_replay(
     record_id: Annotated[
-        int | None, typer.Argument(help="The quarantine id to replay.", show_default=False)
+        int | None,
+        typer.Argument(
+            help="The quarantine id to replay.", show_default=False, min=1, max=BIGINT_MAX
+        ),
     ] = None,
     reason: Annotated[
         str | None, typer.Option(help="Replay every unreplayed record with this reason.")

@@ -50,6 +50,10 @@ def _storable_text(value: str) -> str:
     return value
 
 
+# The largest value of a bigint column (positions, quarantine ids): a larger number given
+# to one is refused here, not by Postgres in the middle of a write.
+BIGINT_MAX = 2**63 - 1
+
 # Identifiers are free text, but bounded, never empty or whitespace-only, never NUL.
 Ident = Annotated[
     str,

@@ -10,7 +10,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from matcher.domain.events import Ident
+from matcher.domain.events import BIGINT_MAX, Ident
 
 
 class LaunchState(StrEnum):
@@ -27,7 +27,7 @@ class LaunchSpec(BaseModel):
 
     tenant: Ident
     run_id: Ident
-    position: int = Field(ge=0)
+    position: int = Field(ge=0, le=BIGINT_MAX)
     event_types: list[Ident] = Field(min_length=1)
     deadline: datetime | None = None
     idempotency_key: Ident | None = Field(

@@ -9,7 +9,7 @@ from uuid import UUID
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from matcher.domain.events import Ident
+from matcher.domain.events import BIGINT_MAX, Ident
 
 
 class WaitState(StrEnum):
@@ -36,7 +36,9 @@ class WaitSpec(BaseModel):
 
     tenant: Ident
     run_id: Ident
-    position: int = Field(ge=0, description="The run's position this wait belongs to.")
+    position: int = Field(
+        ge=0, le=BIGINT_MAX, description="The run's position this wait belongs to."
+    )
     event_types: Annotated[list[Ident], Field(min_length=1), AfterValidator(_distinct_sorted)]
     correlation_id: Ident
     deadline: datetime | None = Field(
