@@ -831,16 +831,32 @@ def launches_show(
 
 
 def _parse_deadline(text: str) -> datetime:
+    """--deadline: when the wait times out, which is after now (a wait that times out as it
+    is registered is a mistake), and no later than a timestamp can be (the year 9999)."""
+    now = datetime.now(UTC)
     try:
-        return datetime.now(UTC) + timedelta(seconds=float(text))
+        seconds = float(text)
     except ValueError:
-        pass
+        seconds = None
+    if seconds is not None:
+        if not seconds > 0:  # NaN too
+            _fail([f"matcher: --deadline {text!r}: must be more than 0 seconds"], EXIT_USAGE)
+        try:
+            return now + timedelta(seconds=seconds)
+        except OverflowError:
+            _fail([f"matcher: --deadline {text!r}: past the year 9999"], code=EXIT_USAGE)
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
         _fail([f"matcher: --deadline {text!r} is neither seconds nor an ISO-8601 time"], EXIT_USAGE)
     if moment.tzinfo is None:
         _fail([f"matcher: --deadline {text!r} needs a timezone, e.g. {text}Z"], code=EXIT_USAGE)
+    try:
+        moment.astimezone(UTC)  # 9999-12-31T23:00-05:00 is in the year 10000
+    except OverflowError:
+        _fail([f"matcher: --deadline {text!r}: past the year 9999"], code=EXIT_USAGE)
+    if moment <= now:
+        _fail([f"matcher: --deadline {text!r}: must be in the future"], code=EXIT_USAGE)
     return moment
 
 
