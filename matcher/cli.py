@@ -698,8 +698,12 @@ def explain(
     import psycopg
 
     from matcher.admin.explain import explain_run, explanation_body
+    from matcher.admin.filters import RunFilters
     from matcher.store.explain import AmbiguousRun, UnknownRun
 
+    # As `waits list` checks its filters: an argument that is not UTF-8 (or not storable)
+    # is bad input, not a query.
+    _filters(RunFilters, {"run_id": "RUN"}, run_id=run_id, tenant=tenant)
     settings = _settings(kafka=False)
     _quiet_clients()
 

@@ -65,6 +65,13 @@ class QuarantineFilters(Page):
     correlation_id: FilterIdent | None = None
 
 
+class RunFilters(BaseModel):
+    """The run ``explain`` looks at."""
+
+    run_id: FilterIdent
+    tenant: FilterIdent | None = None
+
+
 def page(rows: list[Any], filters: Page) -> tuple[list[Any], int | None]:
     """The rows of the page, and the offset of the next one (None: this is the last)."""
     more = len(rows) > filters.limit
