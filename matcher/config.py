@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal, Self
 from urllib.parse import urlsplit
 
+import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -301,6 +302,11 @@ class Settings(KafkaSettings):
         parts = urlsplit(value.get_secret_value())
         if parts.scheme not in ("postgresql", "postgres"):
             raise ValueError("must be a postgresql:// URI")
+        try:
+            conninfo_to_dict(value.get_secret_value())
+        except psycopg.ProgrammingError as exc:
+            # libpq's words up to the colon: what follows quotes the URI, password and all.
+            raise ValueError(f"not a URI libpq can read ({str(exc).partition(':')[0]})") from None
         return value
 
     @field_validator("resume_topic", "dead_letter_topic")
