@@ -731,6 +731,11 @@ def explain(
         _say(f"  - {reason}")
 
 
+# The bound of `reconcile --older-than`: further back than any intent, and near enough that
+# the time it names is a timestamp Postgres can hold.
+_CENTURY_S = 100 * 365.25 * 86400
+
+
 def _load_reconciler(spec: str) -> Any:
     """``module:attribute``, or the name of a ``matcher.reconcilers`` entry point."""
     import importlib
@@ -764,7 +769,12 @@ def reconcile(
         ),
     ],
     older_than: Annotated[
-        float, typer.Option(min=0, help="Only intents older than this many seconds.")
+        float,
+        typer.Option(
+            min=0,
+            max=_CENTURY_S,
+            help="Only intents older than this many seconds (at most 100 years).",
+        ),
     ] = 300.0,
     limit: Annotated[
         int, typer.Option(min=1, max=BIGINT_MAX, help="At most this many intents per run.")
