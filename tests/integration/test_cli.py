@@ -486,3 +486,34 @@ async def test_stored_text_reaches_the_terminal_escaped(settings: Settings) -> N
     tailed = _run(env, "resumes", "tail", "--from-beginning", "--max", "1", "--timeout", "inf")
     assert _shown_escaped(tailed).count("\n") == 1
 
+
+BIG = "1180591620717411303424"  # 2**70: past a bigint
+
+
+def test_out_of_range_and_undecodable_input_fail_in_one_line_with_exit_2(
+    settings: Settings,
+) -> None:
+    env = process_env(settings)
+    add = ["waits", "add", "--tenant", "acme", "--run", "r", "--type", "job.completed",
+           "--correlation", "c"]  # fmt: skip
+    for args, words in (
+        (["quarantine", "replay", BIG], ["'record_id'", "less than or equal to"]),
+        (["quarantine", "replay", "--", "-1"], ["'record_id'", "greater than or equal to 1"]),
+        ([*add, "--position", BIG], [f"--position {BIG}", "less than or equal to"]),
+        ([*add, "--position", "0", "--deadline", "1" + "0" * 20], ["past the year 9999"]),
+        ([*add, "--position", "0", "--deadline", "inf"], ["past the year 9999"]),
+        ([*add, "--position", "0", "--deadline", "-5"], ["more than 0 seconds"]),
+        ([*add, "--position", "0", "--deadline", "0"], ["more than 0 seconds"]),
+        ([*add, "--position", "0", "--deadline", "2000-01-01T00:00Z"], ["in the future"]),
+        ([*add, "--position", "0", "--deadline", "9999-12-31T23:00-05:00"], ["year 9999"]),
+        (["explain", "\udcff\udcfe"], ["RUN '\\udcff\\udcfe'", "valid string"]),
+        (["explain", "RUN", "--tenant", "\udcff"], ["--tenant '\\udcff'", "valid string"]),
+        (["reconcile", "--reconciler", "os:getcwd", "--limit", BIG], ["--limit"]),
+        (["reconcile", "--reconciler", "os:getcwd", "--older-than", "1e300"], ["--older-than"]),
+    ):
+        _one_line_failure(_run(env, *args), 2, *words)
+    bad_url = dict(env, MATCHER_DATABASE_URL="postgresql://%zz@")
+    for args in (["waits", "list"], ["run"]):
+        _one_line_failure(
+            _run(bad_url, *args), 2, "configuration error: MATCHER_DATABASE_URL", "percent"
+        )
