@@ -75,8 +75,15 @@ def _assert_all_matched_once(settings: Settings, pairs: int) -> None:
     assert rows(settings, "SELECT count(*) AS n FROM matcher.outbox")[0]["n"] == pairs
 
 
+# The campaign's counts (MATCHER_TEST_PAIRS, MATCHER_TEST_RACE_ROUNDS) set a run's length;
+# the timeouts grow with them, so a long run on a busy machine fails only if it hangs.
+PAIRS = env_flag("MATCHER_TEST_PAIRS", 1000)
+RACE_ROUNDS = env_flag("MATCHER_TEST_RACE_ROUNDS", 20)
+
+
+@pytest.mark.timeout(300 + PAIRS // 10)
 async def test_thousand_register_deliver_pairs_end_to_end(settings: Settings) -> None:
-    pairs = env_flag("MATCHER_TEST_PAIRS", 1000)
+    pairs = PAIRS
     rng = random.Random()
     correlations = [f"pair-{i}-{uuid.uuid4().hex[:6]}" for i in range(pairs)]
     order = list(range(pairs))
@@ -117,6 +124,7 @@ def _records(correlations: list[str], offset: int) -> list[IngestRecord]:
     return [ingest_record(event(correlation=c), offset + n) for n, c in enumerate(correlations)]
 
 
+@pytest.mark.timeout(300 + 2 * RACE_ROUNDS)
 @pytest.mark.parametrize("default_isolation", ["read committed", "repeatable read"])
 async def test_store_level_race_many_rounds(settings: Settings, default_isolation: str) -> None:
     """Batches, registrations and two rematch passes (two daemons) straight at Postgres, no
@@ -124,7 +132,7 @@ async def test_store_level_race_many_rounds(settings: Settings, default_isolatio
     the key lock (or ingest's deferral of queued keys) this loses pairs within a round; and
     it must hold in a database whose default isolation is REPEATABLE READ (an application's
     own database may be), where a snapshot taken before the lock would miss events."""
-    rounds = env_flag("MATCHER_TEST_RACE_ROUNDS", 20)
+    rounds = RACE_ROUNDS
     per_round = 60
     url = settings.database_url.get_secret_value()
     with psycopg.connect(url, autocommit=True) as conn:
