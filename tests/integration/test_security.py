@@ -222,7 +222,8 @@ async def test_a_producer_cannot_resolve_another_tenants_wait(secure: Settings) 
     assert scalar(secure, "SELECT reason FROM matcher.quarantine") == "tenant_not_allowed"
 
 
-async def test_registry_reload_rotation_and_replay(secure: Settings, tmp_path: Path) -> None:
+def _reloading_daemon(secure: Settings) -> DaemonProcess:
+    """A daemon on the producers file, signatures required, reloading it every 0.2 s."""
     env = process_env(secure)
     env.update(
         MATCHER_ALLOW_UNSIGNED="false",
@@ -231,6 +232,11 @@ async def test_registry_reload_rotation_and_replay(secure: Settings, tmp_path: P
     )
     daemon = DaemonProcess(env)
     daemon.wait_ready()
+    return daemon
+
+
+async def test_registry_reload_rotation_and_replay(secure: Settings, tmp_path: Path) -> None:
+    daemon = _reloading_daemon(secure)
 
     async def deliver(key: str) -> ProducerEvent:
         event, record = _signed(key)
@@ -324,14 +330,7 @@ async def test_a_reload_of_a_file_that_is_not_utf8_keeps_the_last_good_registry(
 ) -> None:
     """A Latin-1 byte in the producers file once ended the registry loop, and with it the
     daemon; now the file watcher and SIGHUP both refuse it, and k1 stays in force."""
-    env = process_env(secure)
-    env.update(
-        MATCHER_ALLOW_UNSIGNED="false",
-        MATCHER_PRODUCERS_FILE=str(secure.producers_file),
-        MATCHER_PRODUCERS_RELOAD_INTERVAL_S="0.2",
-    )
-    daemon = DaemonProcess(env)
-    daemon.wait_ready()
+    daemon = _reloading_daemon(secure)
     try:
         _producers_file(tmp_path, {"k2": K2}, latin1=True)  # loaded, it would retire k1
         await eventually(
