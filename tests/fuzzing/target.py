@@ -201,7 +201,9 @@ def check_one_meaning(
         return
     content_type = next((v for n, v in headers if n == b"content-type"), None) or b""
     other = json.loads(value, parse_float=Decimal)
-    if content_type.lower().startswith(b"application/cloudevents"):
+    # The media type without its parameters and the whitespace around it, which the gate
+    # allows (" application/cloudevents+json" is structured mode too).
+    if content_type.split(b";")[0].strip().lower() == b"application/cloudevents+json":
         for key in other:
             folded = key.casefold()
             assert folded == key or folded not in _READ_KEYS, f"envelope key {key!r} accepted"
