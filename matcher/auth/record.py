@@ -150,7 +150,12 @@ def _show(name: bytes) -> str:
 # (up to a bound: the names are the sender's choice).
 _EXACT, _IGNORED, _LOOKALIKE, _NOT_UTF8 = range(4)
 _NAME_KINDS: dict[bytes, int] = {}
-_NAME_KINDS_MAX = 4096
+
+# The gate's memos (header names, content types, envelope keys) each hold at most this
+# many answers, and remember none for a key longer than this: the keys are the sender's
+# choice, so neither their number nor their size may grow memory without bound.
+_MEMO_ENTRIES_MAX = 4096
+_MEMO_KEY_MAX = 128
 
 
 def _name_kind(name: bytes) -> int:
@@ -165,7 +170,7 @@ def _name_kind(name: bytes) -> int:
                 kind = _LOOKALIKE if _looks_reserved(name.decode("utf-8")) else _IGNORED
             except UnicodeDecodeError:
                 kind = _NOT_UTF8
-        if len(_NAME_KINDS) < _NAME_KINDS_MAX:
+        if len(_NAME_KINDS) < _MEMO_ENTRIES_MAX and len(name) <= _MEMO_KEY_MAX:
             _NAME_KINDS[name] = kind
     return kind
 
@@ -195,10 +200,9 @@ def reserved_headers(
     return found
 
 
-# Content types repeat: remembered, bounded in count and, since the sender chooses them,
-# in length (a long value is parsed each time rather than pinned in memory).
+# Content types repeat: remembered, within the memo bounds (a long value is parsed each
+# time rather than pinned in memory).
 _MEDIA_TYPES: dict[bytes, str | Rejection] = {}
-_MEDIA_TYPE_CACHED_BYTES = 128
 
 
 def media_type(raw: bytes) -> str | Rejection:
@@ -206,7 +210,7 @@ def media_type(raw: bytes) -> str | Rejection:
     found = _MEDIA_TYPES.get(raw)
     if found is None:
         found = _media_type(raw)
-        if len(_MEDIA_TYPES) < _NAME_KINDS_MAX and len(raw) <= _MEDIA_TYPE_CACHED_BYTES:
+        if len(_MEDIA_TYPES) < _MEMO_ENTRIES_MAX and len(raw) <= _MEMO_KEY_MAX:
             _MEDIA_TYPES[raw] = found
     return found
 
@@ -363,7 +367,7 @@ def _lookalike_key(envelope: dict[str, Any]) -> Rejection | None:
         found = _KEY_LOOKALIKE.get(key)
         if found is None:
             found = _looks_like_attribute(key)
-            if len(_KEY_LOOKALIKE) < _NAME_KINDS_MAX and len(key) <= _MEDIA_TYPE_CACHED_BYTES:
+            if len(_KEY_LOOKALIKE) < _MEMO_ENTRIES_MAX and len(key) <= _MEMO_KEY_MAX:
                 _KEY_LOOKALIKE[key] = found
         if found:
             return Rejection(

@@ -34,12 +34,16 @@ log = logging.getLogger("matcher.dead_letters")
 QUEUE_MAX = 1000
 
 
+def _has_neither_key_nor_value(record: IngestRecord) -> bool:
+    """The client refuses such a record; its copy carries an empty value instead, and a
+    ``matcher-null-value`` header says the original had none."""
+    return record.key is None and record.value is None
+
+
 def _headers(record: IngestRecord, rejection: Rejection) -> list[tuple[str, bytes]]:
     # Names that are not UTF-8 cannot be sent by the client; they are in the quarantine row.
     kept = [(name.decode(), value or b"") for name, value in record.headers if _is_utf8(name)]
-    # The client refuses a record with neither key nor value; such a copy carries an empty
-    # value instead, and this header says the original had none.
-    null = [("matcher-null-value", b"true")] if record.key is None and record.value is None else []
+    null = [("matcher-null-value", b"true")] if _has_neither_key_nor_value(record) else []
     return [
         *kept,
         ("matcher-reason", rejection.reason.encode()),
@@ -50,7 +54,7 @@ def _headers(record: IngestRecord, rejection: Rejection) -> list[tuple[str, byte
 
 
 def _value(record: IngestRecord) -> bytes | None:
-    return b"" if record.key is None and record.value is None else record.value
+    return b"" if _has_neither_key_nor_value(record) else record.value
 
 
 def _is_utf8(raw: bytes) -> bool:
