@@ -21,8 +21,8 @@ from matcher import __version__
 from matcher.admin import console
 from matcher.admin.explain import explain_run, explanation_body
 from matcher.admin.filters import (
-    IDENT_PATTERN,
     EventFilters,
+    FilterIdent,
     QuarantineFilters,
     WaitFilters,
     page,
@@ -184,14 +184,10 @@ def _inspection(state: AdminState, v1: list[Any]) -> APIRouter:
         responses=_ERRORS,
     )
     async def explain_endpoint(
-        run_id: Annotated[str, Path(max_length=512, pattern=IDENT_PATTERN)],
+        # The same rule as the CLI's explain (RunFilters): one definition of an identifier.
+        run_id: Annotated[FilterIdent, Path()],
         tenant: Annotated[
-            str | None,
-            Query(
-                max_length=512,
-                pattern=IDENT_PATTERN,
-                description="Needed when run ids repeat across tenants.",
-            ),
+            FilterIdent | None, Query(description="Needed when run ids repeat across tenants.")
         ] = None,
     ) -> ExplainResponse:
         """Why the run is where it is: its latest wait's verdict, reasons and evidence."""

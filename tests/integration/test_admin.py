@@ -276,6 +276,11 @@ def test_filters_are_refused_as_the_cli_refuses_them(admin: Admin) -> None:
             ("/v1/waits", {"state": "bogus"}),
             ("/v1/events", {"status": "bogus"}),
             ("/v1/quarantine", {"reason": "bogus"}),
+            # explain takes its identifiers by the CLI's rule too (RunFilters' FilterIdent).
+            ("/v1/runs/" + "r" * 513 + "/explain", {}),
+            ("/v1/runs/run%00one/explain", {}),
+            ("/v1/runs/run-1/explain", {"tenant": "acme\x00"}),
+            ("/v1/runs/run-1/explain", {"tenant": "t" * 513}),
         ):
             refused = http.get(path, params=params)
             assert refused.status_code == 422, (path, params, refused.text)
