@@ -42,7 +42,12 @@ class WaitSpec(BaseModel):
     event_types: Annotated[list[Ident], Field(min_length=1), AfterValidator(_distinct_sorted)]
     correlation_id: Ident
     deadline: datetime | None = Field(
-        default=None, description="When the wait times out (timezone-aware); none: never."
+        default=None,
+        description=(
+            "When the wait times out (timezone-aware); none: never. A time already past"
+            " is accepted (a client's clock may run ahead of the server's): the wait times"
+            " out at the sweeper's next pass, unless an event already stored matches it."
+        ),
     )
     external_job_id: Ident | None = None
     id: UUID | None = Field(default=None, description="Chosen by matcher when not given.")

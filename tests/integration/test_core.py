@@ -78,6 +78,42 @@ async def test_event_before_wait_resolves_on_registration(settings: Settings) ->
     assert scalar(settings, "SELECT status FROM matcher.inbox") == "consumed"
 
 
+async def test_a_deadline_already_past_does_not_beat_an_event_already_stored(
+    settings: Settings,
+) -> None:
+    """The API accepts a deadline in the past (a client's clock may run ahead). Such a wait
+    still goes to the event stored before it, however the sweeper and the rematch pass
+    race; with no event it times out."""
+    runs = 20
+    async with running_daemon(settings):
+        await produce(settings, [event(correlation=f"stored-{i}") for i in range(runs)])
+        await eventually(
+            lambda: scalar(settings, "SELECT count(*) FROM matcher.inbox") == runs,
+            what="the early events stored",
+        )
+        past = datetime.now(UTC) - timedelta(seconds=30)
+        with psycopg.connect(settings.database_url.get_secret_value()) as conn:
+            for i in range(runs):
+                register_wait(conn, _spec(f"stored-{i}", run=f"run-{i}", deadline=past))
+            register_wait(conn, _spec("never-sent", run="run-none", deadline=past))
+        await eventually(
+            lambda: (
+                scalar(settings, "SELECT count(*) FROM matcher.waits WHERE state = 'waiting'") == 0
+            ),
+            what="every wait resolved",
+        )
+        resumes = await read_resumes(settings, at_least=runs + 1)
+    states = {
+        r["correlation_id"]: r["state"]
+        for r in rows(settings, "SELECT correlation_id, state FROM matcher.waits")
+    }
+    assert states == {
+        **{f"stored-{i}": "matched" for i in range(runs)},
+        "never-sent": "timed_out",
+    }
+    assert sorted(r.outcome for r in resumes) == ["event"] * runs + ["timeout"]
+
+
 async def test_wait_before_event_resolves_on_ingest(settings: Settings) -> None:
     with psycopg.connect(settings.database_url.get_secret_value()) as conn:
         wait = register_wait(conn, _spec("corr-late-arrival"))
