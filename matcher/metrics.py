@@ -24,6 +24,11 @@ EVENTS_RECEIVED = Counter(
     "Records read from the events topic, by what became of them.",
     ["result"],  # accepted, duplicate, rejected
 )
+CONFLICTING_DUPLICATES = Counter(
+    "matcher_conflicting_duplicates_total",
+    "Duplicates (an id of their source already stored) that said something else than the"
+    " stored event: dropped all the same, each logged with where it was read.",
+)
 EVENTS_REJECTED = Counter(
     "matcher_events_rejected_total", "Records quarantined, by reason code.", ["reason"]
 )

@@ -39,7 +39,7 @@ from matcher.kafka.dead_letters import DeadLetters
 from matcher.kafka.fetch import Batch, SafeFetcher
 from matcher.kafka.fetch_wait import FlowFetchWait
 from matcher.metrics import EVENTS_RECEIVED, EVENTS_REJECTED
-from matcher.store.ingest import BatchResult, IngestRecord, store_batch
+from matcher.store.ingest import BatchResult, IngestRecord, conflicting_duplicates, store_batch
 from matcher.store.maintenance import ensure_days
 from matcher.store.quarantine_rows import Bounds
 
@@ -355,13 +355,41 @@ class Ingest:
         crash_point("ingest.after_db_commit")
         if result.matched:
             self._on_resolved()
-        self._count(result)
+        if result.duplicates:
+            await self._report_conflicts(records)
+        self._count(result)  # after the conflicts: a test reads these counts as "all done"
         if self._dead_letters is not None:
             self._dead_letters.offer(result.rejected)
         # Committed in the background, in order: the next batch need not wait for it.
         committer.submit(
             {tp: messages[-1].offset + 1 for tp, messages in batch.items() if messages}
         )
+
+    async def _report_conflicts(self, records: list[IngestRecord]) -> None:
+        """Log and count the duplicates that said something else than the stored event
+        (a producer reusing an id loses an event; this is where its operator hears of it).
+        Only batches with duplicates pay for the look-up; it cannot hold the batch up:
+        failing, it is logged and the batch goes on (it is stored already)."""
+        try:
+            async with self._pool.connection() as conn:
+                conflicting = await conflicting_duplicates(conn, records)
+        except psycopg.Error as exc:
+            log.warning(
+                "could not compare duplicates with the stored events", extra={"error": repr(exc)}
+            )
+            return
+        metrics.CONFLICTING_DUPLICATES.inc(len(conflicting))
+        for record in conflicting:
+            assert not isinstance(record.parsed, Rejection)
+            log.warning(
+                "duplicate id with other content; dropped (CloudEvents identity is source + id)",
+                extra={
+                    "producer": record.parsed.source,
+                    "event_id": record.parsed.id,
+                    "partition": record.partition,
+                    "offset": record.offset,
+                },
+            )
 
     def assigned_partitions(self) -> int | None:
         """Partitions held now; None until the consumer has joined its group."""

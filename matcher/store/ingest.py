@@ -154,6 +154,30 @@ async def store_batch(
     return result
 
 
+async def conflicting_duplicates(
+    conn: AsyncConn, records: Sequence[IngestRecord]
+) -> list[IngestRecord]:
+    """The events of ``records`` whose (source, id) is stored with another meaning (tenant,
+    type, correlation, job or data; not the time): duplicates by CloudEvents' rule, so dropped, but
+    each one another event its producer sent under a reused id. Asked after the batch
+    committed, so an id earlier in the same batch is compared too."""
+    events = [r for r in records if isinstance(r.parsed, CompletionEvent)]
+    if not events:
+        return []
+    params = _event_params(events)
+    async with _one_transaction(conn):
+        found = await conn.execute(
+            query("ingest", "conflicting_duplicates"),
+            {name: params[name] for name in _MEANING_COLUMNS},
+        )
+    return [events[n - 1] for (n,) in await found.fetchall()]
+
+
+# What an event says, as compared for a conflicting duplicate: not where it was read, nor
+# its time (a producer may stamp a retry with the time it sends it).
+_MEANING_COLUMNS = "producer event_id tenant type correlation_id external_job_id data".split()
+
+
 @contextlib.asynccontextmanager
 async def _one_transaction(conn: AsyncConn) -> AsyncIterator[None]:
     """The statements of the block in one transaction and one round trip.

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from datetime import UTC, datetime, timedelta
 
 import psycopg
+import pytest
 from aiokafka import AIOKafkaProducer
+from prometheus_client import REGISTRY
 
 from matcher.config import Settings
 from matcher.domain.events import CompletionEvent
@@ -174,6 +177,50 @@ async def test_events_sharing_a_job_id_are_all_kept(settings: Settings) -> None:
         progress.id: "pending",  # a type this wait does not accept
         completed.id: "consumed",
     }
+
+
+async def test_a_duplicate_id_with_other_content_is_dropped_but_logged_and_counted(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """CloudEvents identity is source + id, so a second event under a stored id is a
+    duplicate whatever it says; one that says something else (a producer reusing ids)
+    must not vanish silently. Replays are not reported, even with a new time (this
+    helper stamps each send with the time it is sent)."""
+    caplog.set_level(logging.WARNING, logger="matcher.ingest")
+
+    def conflicts() -> float:
+        return REGISTRY.get_sample_value("matcher_conflicting_duplicates_total") or 0.0
+
+    def duplicates() -> float:
+        found = REGISTRY.get_sample_value("matcher_events_received_total", {"result": "duplicate"})
+        return found or 0.0
+
+    conflicts_before, duplicates_before = conflicts(), duplicates()
+    first = event(correlation="reused", event_id="id-reused", data={"n": 1})
+    other_data = first.model_copy(update={"data": {"n": 2}})
+    other_key = first.model_copy(update={"correlationid": "someone-else"})
+    async with running_daemon(settings):
+        await produce(settings, [first])
+        await eventually(
+            lambda: scalar(settings, "SELECT count(*) FROM matcher.inbox") == 1,
+            what="the first event stored",
+        )
+        # Replays (binary and structured, each with a new time), then two that say
+        # something else.
+        await produce(settings, [first])
+        await produce(settings, [first], structured=True)
+        await produce(settings, [other_data, other_key])
+        # Every record read (each a duplicate) before the count of conflicts is judged.
+        await eventually(lambda: duplicates() >= duplicates_before + 4, what="the duplicates read")
+    assert duplicates() == duplicates_before + 4
+    assert conflicts() == conflicts_before + 2
+    assert rows(settings, "SELECT data FROM matcher.inbox WHERE event_id = 'id-reused'") == [
+        {"data": {"n": 1}}
+    ]
+    reported = [r for r in caplog.records if r.getMessage().startswith("duplicate id with other")]
+    assert [(r.__dict__["event_id"], r.__dict__["producer"]) for r in reported] == [
+        ("id-reused", "billing")
+    ] * 2
 
 
 async def test_timeout_races_completion_and_the_loser_is_recorded(settings: Settings) -> None:
