@@ -93,7 +93,7 @@ campaign: install ## Long fuzz/crash/fault/race campaign (an hour or more; not p
 
 # The Restate peer's server comes from npm (once, cached); without it the peer's figures
 # are null and the results' notes say why.
-bench: install ## The full benchmark (about 35 minutes, with 10M stored rows); the last line is the results JSON.
+bench: install ## The full benchmark (35-60 minutes by the hour, with 10M stored rows); the last line is the results JSON.
 	scripts/install-restate >/dev/null || echo "bench: no restate-server, the Restate peer will be null" >&2
 	$(USE_ENV); $(BIN)/python -m bench.run
 
