@@ -158,9 +158,9 @@ async def conflicting_duplicates(
     conn: AsyncConn, records: Sequence[IngestRecord]
 ) -> list[IngestRecord]:
     """The events of ``records`` whose (source, id) is stored with another meaning (tenant,
-    type, correlation, job or data; not the time): duplicates by CloudEvents' rule, so dropped, but
-    each one another event its producer sent under a reused id. Asked after the batch
-    committed, so an id earlier in the same batch is compared too."""
+    type, correlation, job or data; not the time): duplicates by CloudEvents' rule, so
+    dropped, but each one another event its producer sent under a reused id. Asked after
+    the batch committed, so an id earlier in the same batch is compared too."""
     events = [r for r in records if isinstance(r.parsed, CompletionEvent)]
     if not events:
         return []
