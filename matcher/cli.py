@@ -46,7 +46,7 @@ from typer.core import TyperGroup, TyperOption
 from matcher import __version__
 from matcher.config import KafkaSettings, Settings, _describe
 from matcher.domain.events import BIGINT_MAX
-from matcher.logs import escape
+from matcher.logs import escape, quoted
 
 if TYPE_CHECKING:
     from matcher.store.views import View
@@ -241,7 +241,7 @@ def _validation_lines(exc: ValidationError, options: Mapping[str, str]) -> list[
         field = str(e["loc"][0]) if e["loc"] else ""
         option = options.get(field, "--" + field.replace("_", "-"))
         message = str(e["msg"]).removeprefix("Value error, ")
-        lines.append(f"matcher: {option} {e['input']!r}: {message}")
+        lines.append(f"matcher: {option} {quoted(e['input'])}: {message}")
     return lines
 
 
@@ -716,7 +716,7 @@ def explain(
     try:
         explanation = asyncio.run(go())
     except UnknownRun:
-        _fail([f"matcher: no waits for run {run_id!r}"])
+        _fail([f"matcher: no waits for run {quoted(run_id)}"])
     except AmbiguousRun as exc:
         _fail([f"matcher: {exc}: give --tenant"], code=EXIT_USAGE)
     wait = explanation.evidence["wait"]
@@ -748,14 +748,12 @@ def _load_reconciler(spec: str) -> Any:
             for part in attribute.split("."):
                 target = getattr(target, part)
         except (ImportError, AttributeError) as exc:
-            _fail([f"matcher: --reconciler {spec!r}: {exc}"], code=EXIT_USAGE)
+            _fail([f"matcher: --reconciler {quoted(spec)}: {exc}"], code=EXIT_USAGE)
         return target
     found = entry_points(group="matcher.reconcilers", name=spec)
     if not found:
-        _fail(
-            [f"matcher: --reconciler {spec!r}: no such entry point in group matcher.reconcilers"],
-            EXIT_USAGE,
-        )
+        where = "no such entry point in group matcher.reconcilers"
+        _fail([f"matcher: --reconciler {quoted(spec)}: {where}"], EXIT_USAGE)
     return next(iter(found)).load()
 
 
@@ -812,7 +810,7 @@ def _uuid(value: str, what: str) -> uuid.UUID:
     try:
         return uuid.UUID(value)
     except ValueError:
-        _fail([f"matcher: {value!r} is not a {what} id (a UUID)"], code=EXIT_USAGE)
+        _fail([f"matcher: {quoted(value)} is not a {what} id (a UUID)"], code=EXIT_USAGE)
 
 
 @launches_app.command("show")
@@ -854,23 +852,28 @@ def _parse_deadline(text: str) -> datetime:
         seconds = None
     if seconds is not None:
         if not seconds > 0:  # NaN too
-            _fail([f"matcher: --deadline {text!r}: must be more than 0 seconds"], EXIT_USAGE)
+            _fail([f"matcher: --deadline {quoted(text)}: must be more than 0 seconds"], EXIT_USAGE)
         try:
             return now + timedelta(seconds=seconds)
         except OverflowError:
-            _fail([f"matcher: --deadline {text!r}: past the year 9999"], code=EXIT_USAGE)
+            _fail([f"matcher: --deadline {quoted(text)}: past the year 9999"], code=EXIT_USAGE)
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
-        _fail([f"matcher: --deadline {text!r} is neither seconds nor an ISO-8601 time"], EXIT_USAGE)
+        _fail(
+            [f"matcher: --deadline {quoted(text)} is neither seconds nor an ISO-8601 time"],
+            EXIT_USAGE,
+        )
     if moment.tzinfo is None:
-        _fail([f"matcher: --deadline {text!r} needs a timezone, e.g. {text}Z"], code=EXIT_USAGE)
+        _fail(
+            [f"matcher: --deadline {quoted(text)} needs a timezone, e.g. {text}Z"], code=EXIT_USAGE
+        )
     try:
         moment.astimezone(UTC)  # 9999-12-31T23:00-05:00 is in the year 10000
     except OverflowError:
-        _fail([f"matcher: --deadline {text!r}: past the year 9999"], code=EXIT_USAGE)
+        _fail([f"matcher: --deadline {quoted(text)}: past the year 9999"], code=EXIT_USAGE)
     if moment <= now:
-        _fail([f"matcher: --deadline {text!r}: must be in the future"], code=EXIT_USAGE)
+        _fail([f"matcher: --deadline {quoted(text)}: must be in the future"], code=EXIT_USAGE)
     return moment
 
 

@@ -19,6 +19,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from matcher.auth.policy import Policy
+from matcher.logs import quoted
 
 ENV_PREFIX = "MATCHER_"
 
@@ -389,7 +390,7 @@ def _describe(error: Any) -> str:
     secret = "password" in field or "url" in field or "secret" in field
     if given is None or secret or isinstance(given, dict):
         return f"{variable}: {message}"
-    return f"{variable}: {message} (got {str(given)!r})"
+    return f"{variable}: {message} (got {quoted(str(given))})"
 
 
 def load_settings(**overrides: Any) -> Settings:

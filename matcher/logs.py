@@ -38,14 +38,26 @@ class JsonFormatter(logging.Formatter):
 # overrides and isolates that make text read in another order than it is stored, and lone
 # surrogates (from undecodable arguments: a strict UTF-8 stream would refuse to write them).
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+# What escape() rewrites: the above, and the backslash itself, so that a stored literal
+# "\x1b" (four characters) shows as "\\x1b" and cannot pass for an escaped ESC byte.
+_SHOWN_ESCAPED = re.compile(r"\\|" + _CONTROL.pattern)
 _NEEDS_QUOTES = re.compile(r'[\s="\\]')
 
 
 def escape(text: str) -> str:
     """``text`` with every control character shown as an escape, so that a value from a
     record (a source, an id: attacker-chosen) cannot start a line or move the cursor. The
-    one escaping of text for a terminal: the log lines and the CLI's tables and lines."""
-    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+    one escaping of text for a terminal: the log lines and the CLI's tables and lines.
+    Reversible (Python's ``unicode_escape`` reads it back), so two texts never show alike."""
+    return _SHOWN_ESCAPED.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def quoted(value: object) -> str:
+    """A value in quotes, for a line that will go through escape(): ``repr`` would escape
+    it first, and escape() would then show each of its backslashes doubled."""
+    if not isinstance(value, str):
+        return repr(value)
+    return f'"{value}"' if "'" in value and '"' not in value else f"'{value}'"
 
 
 def _field(value: object) -> str:
@@ -54,7 +66,7 @@ def _field(value: object) -> str:
     text = str(value)
     if text and not _NEEDS_QUOTES.search(text) and not _CONTROL.search(text):
         return text
-    return '"' + escape(text.replace("\\", "\\\\").replace('"', '\\"')) + '"'
+    return '"' + escape(text).replace('"', '\\"') + '"'
 
 
 class TextFormatter(logging.Formatter):

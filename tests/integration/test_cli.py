@@ -436,8 +436,11 @@ def test_run_says_why_it_cannot_start(settings: Settings, tmp_path: Path) -> Non
 
 
 # Sender-chosen text as a terminal would get it: an erase, a window title, a colour, a
-# line break, a bidi override, and rich markup.
-HOSTILE = "inj\x1b[2J\x1b]0;PWNED\x07\x1b[31m\n\t\u202e[red]x[/red][link=https://e.example]l[/link]"
+# line break, a bidi override, rich markup, and a literal escape that must not read as one.
+HOSTILE = (
+    "inj\x1b[2J\x1b]0;PWNED\x07\x1b[31m\n\t\u202e[red]x[/red][link=https://e.example]l[/link]"
+    "lit\\x07"
+)
 RAW_CONTROLS = ("\x1b", "\x07", "\u202e", "\n\t")
 
 
@@ -447,6 +450,7 @@ def _shown_escaped(done: subprocess.CompletedProcess[str]) -> str:
         assert raw not in done.stdout, done.stdout
     assert "\\x1b[2J\\x1b]0;PWNED\\x07\\x1b[31m\\n\\t\\u202e" in done.stdout, done.stdout
     assert "[red]x[/red][link=https://e.example]l[/link]" in done.stdout, done.stdout
+    assert "lit\\\\x07" in done.stdout, done.stdout  # the backslash itself escaped
     return done.stdout
 
 

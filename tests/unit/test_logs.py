@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
+import unicodedata
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from matcher.logs import JsonFormatter, TextFormatter, escape
 
@@ -53,6 +56,8 @@ def test_json_lines_are_json() -> None:
         ("\udcff\udcfe", "\\udcff\\udcfe"),  # an argument that was not UTF-8
         ("[red]x[/red] [link=https://e.example]y[/link]", None),  # markup is just text
         ("acme/run-7 café ünïcode", None),  # printable text is left alone
+        ("\\x1b[2J", "\\\\x1b[2J"),  # a literal backslash cannot pass for an escape
+        ("C:\\tmp\\", "C:\\\\tmp\\\\"),
     ],
 )
 def test_escape_shows_every_control_character(text: str, shown: str | None) -> None:
@@ -60,3 +65,20 @@ def test_escape_shows_every_control_character(text: str, shown: str | None) -> N
     assert escaped == (text if shown is None else shown)
     assert escaped.isprintable()
     escaped.encode("utf-8")  # writable to a strict UTF-8 stream
+
+
+@given(st.text(alphabet=st.characters(codec=None)))
+def test_escape_reads_back_so_no_two_texts_show_alike(text: str) -> None:
+    escaped = escape(text)
+    # No control, lone surrogate or line/paragraph separator left (unassigned code points
+    # are not "printable" to Python, but a terminal does not act on them).
+    assert not [c for c in escaped if unicodedata.category(c) in ("Cc", "Cs", "Zl", "Zp")]
+    # Python reads the escapes back: escaping is one-to-one, whatever the text holds.
+    assert escaped.encode("latin-1", "backslashreplace").decode("unicode_escape") == text
+
+
+def test_a_stored_escape_and_the_byte_it_names_show_differently() -> None:
+    assert escape("\x1b") != escape("\\x1b")
+    line = TextFormatter().format(_record(a="\x1b", b="\\x1b"))
+    assert 'a="\\x1b"' in line
+    assert 'b="\\\\x1b"' in line
