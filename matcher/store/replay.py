@@ -12,7 +12,7 @@ from psycopg.rows import dict_row
 
 from matcher.auth.record import RawRecord
 from matcher.domain.events import CompletionEvent, Rejection
-from matcher.store.ingest import IngestRecord, store_batch
+from matcher.store.ingest import IngestRecord, conflicting_duplicates, store_batch
 from matcher.store.isolation import read_committed
 from matcher.store.quarantine_rows import MAX_DETAIL, headers_from_json, storable_text
 from matcher.store.sql import query
@@ -43,6 +43,17 @@ def _why_not_replayable(row: dict[str, Any]) -> str | None:
     if row["reason"] == "undecodable":
         return "the Kafka client cannot read this record: no judgement can change that"
     return None
+
+
+async def _conflict(conn: psycopg.AsyncConnection[Any], record: IngestRecord) -> str:
+    """Why a duplicate replayed is not the event stored under its id, or "" (as ingest
+    reports it: a producer that reused an id lost this event)."""
+    if not await conflicting_duplicates(conn, [record]):
+        return ""
+    return (
+        "another event is stored under this id (its tenant, type, correlation, job or data "
+        "differ): dropped, as CloudEvents identity is source + id"
+    )
 
 
 async def replay(
@@ -97,5 +108,6 @@ async def replay(
             await conn.execute(
                 query("quarantine", "mark_replayed"), {"id": row["id"], "result": result}
             )
-            outcomes.append(ReplayOutcome(row["id"], result))
+            detail = "" if stored.accepted else await _conflict(conn, record)
+            outcomes.append(ReplayOutcome(row["id"], result, detail))
     return outcomes

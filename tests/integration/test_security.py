@@ -365,9 +365,17 @@ async def test_replaying_a_duplicate_is_recognised(secure: Settings) -> None:
         event.id,
         [SigningKey.parse("x", STRANGER)],
     )
+    # And another event under its id, with the stranger's signature: a producer's bug.
+    other = replace(event, data={"rows": 8})
+    reused = sign_record(encode(other), other.id, [SigningKey.parse("x", STRANGER)])
     async with running_daemon(secure):
         await produce_raw(
-            secure, [(b"k", bad.headers, bad.value), (b"k", record.headers, record.value)]
+            secure,
+            [
+                (b"k", bad.headers, bad.value),
+                (b"k", record.headers, record.value),
+                (b"k", reused.headers, reused.value),
+            ],
         )
         await read_resumes(secure, at_least=1)
     # Judged with the stranger's key added, the quarantined copy is valid, but a duplicate.
@@ -385,8 +393,13 @@ async def test_replaying_a_duplicate_is_recognised(secure: Settings) -> None:
         "--json",
     )
     assert result.returncode == 0, result.stderr
-    assert [o["result"] for o in json.loads(result.stdout)] == ["duplicate"]
+    same, conflicting = json.loads(result.stdout)
+    assert (same["result"], same["detail"]) == ("duplicate", "")
+    assert conflicting["result"] == "duplicate"
+    assert "another event is stored under this id" in conflicting["detail"]
     assert scalar(secure, "SELECT count(*) FROM matcher.outbox") == 1
+    stored = "SELECT data FROM matcher.inbox WHERE event_id = %s"
+    assert scalar(secure, stored, [event.id]) == {"rows": 7}
 
 
 def _mutations(
