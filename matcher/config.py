@@ -112,7 +112,7 @@ class KafkaSettings(BaseSettings):
         for server in servers:
             match = _HOST_PORT_RE.match(server)
             if match is None or not 1 <= int(match.group(2)) <= 65535:
-                raise ValueError(f"each entry must be host:port, and {server!r} is not")
+                raise ValueError(f"each entry must be host:port, and {quoted(server)} is not")
         return ",".join(servers)
 
     @field_validator("events_topic")

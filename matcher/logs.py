@@ -9,6 +9,7 @@ import json
 import logging
 import re
 import sys
+import unicodedata
 from datetime import UTC, datetime
 from typing import Any
 
@@ -34,10 +35,24 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-# Control characters (a newline above all), the DEL/C1 range terminals act on, the bidi
-# overrides and isolates that make text read in another order than it is stored, and lone
-# surrogates (from undecodable arguments: a strict UTF-8 stream would refuse to write them).
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+def _format_characters() -> str:
+    """Every format character (Unicode category Cf) as a regex class body: invisible, and
+    some steer how text reads: the bidi overrides, isolates and marks, the zero-width
+    space and joiners, the soft hyphen, the byte-order mark."""
+    points = [c for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) == "Cf"]
+    ranges: list[tuple[int, int]] = []
+    for c in points:
+        if ranges and ranges[-1][1] == c - 1:
+            ranges[-1] = (ranges[-1][0], c)
+        else:
+            ranges.append((c, c))
+    return "".join(chr(a) if a == b else f"{chr(a)}-{chr(b)}" for a, b in ranges)
+
+
+# Control characters (a newline above all), the DEL/C1 range terminals act on, the line
+# and paragraph separators, the format characters (above), and lone surrogates (from
+# undecodable arguments: a strict UTF-8 stream would refuse to write them).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff" + _format_characters() + "]")
 # What escape() rewrites: the above, and the backslash itself, so that a stored literal
 # "\x1b" (four characters) shows as "\\x1b" and cannot pass for an escaped ESC byte.
 _SHOWN_ESCAPED = re.compile(r"\\|" + _CONTROL.pattern)
@@ -48,7 +63,8 @@ def escape(text: str) -> str:
     """``text`` with every control character shown as an escape, so that a value from a
     record (a source, an id: attacker-chosen) cannot start a line or move the cursor. The
     one escaping of text for a terminal: the log lines and the CLI's tables and lines.
-    Reversible (Python's ``unicode_escape`` reads it back), so two texts never show alike."""
+    Reversible (Python's ``unicode_escape`` reads it back), so two texts never give the
+    same escaped string (look-alike letters of other scripts are another matter)."""
     return _SHOWN_ESCAPED.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
@@ -80,10 +96,19 @@ class TextFormatter(logging.Formatter):
         return escape(super().formatMessage(record))
 
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
-        extras = _extras(record)
-        if extras:
-            line += " " + " ".join(f"{k}={_field(v)}" for k, v in extras.items())
+        # Not logging.Formatter.format, which appends a traceback raw on lines of its own:
+        # its message is often a value from outside (a file's line, a record's field). Here
+        # the traceback and stack are fields too, escaped like the rest, on the one line.
+        record.message = record.getMessage()
+        record.asctime = self.formatTime(record, self.datefmt)
+        line = self.formatMessage(record)
+        fields = dict(_extras(record))
+        if record.exc_info:
+            fields["exc"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            fields["stack"] = self.formatStack(record.stack_info)
+        if fields:
+            line += " " + " ".join(f"{k}={_field(v)}" for k, v in fields.items())
         return line
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import unicodedata
 
 import pytest
@@ -56,6 +57,7 @@ def test_json_lines_are_json() -> None:
         ("\udcff\udcfe", "\\udcff\\udcfe"),  # an argument that was not UTF-8
         ("[red]x[/red] [link=https://e.example]y[/link]", None),  # markup is just text
         ("acme/run-7 café ünïcode", None),  # printable text is left alone
+        ("ac\u200bme\u200e\u061c\ufeff\xad", "ac\\u200bme\\u200e\\u061c\\ufeff\\xad"),  # invisible
         ("\\x1b[2J", "\\\\x1b[2J"),  # a literal backslash cannot pass for an escape
         ("C:\\tmp\\", "C:\\\\tmp\\\\"),
     ],
@@ -72,7 +74,8 @@ def test_escape_reads_back_so_no_two_texts_show_alike(text: str) -> None:
     escaped = escape(text)
     # No control, lone surrogate or line/paragraph separator left (unassigned code points
     # are not "printable" to Python, but a terminal does not act on them).
-    assert not [c for c in escaped if unicodedata.category(c) in ("Cc", "Cs", "Zl", "Zp")]
+    # Nor a format character: invisible, some steer bidi text (LRM, RLM, ALM, isolates).
+    assert not [c for c in escaped if unicodedata.category(c) in ("Cc", "Cf", "Cs", "Zl", "Zp")]
     # Python reads the escapes back: escaping is one-to-one, whatever the text holds.
     assert escaped.encode("latin-1", "backslashreplace").decode("unicode_escape") == text
 
@@ -82,3 +85,16 @@ def test_a_stored_escape_and_the_byte_it_names_show_differently() -> None:
     line = TextFormatter().format(_record(a="\x1b", b="\\x1b"))
     assert 'a="\\x1b"' in line
     assert 'b="\\\\x1b"' in line
+
+
+def test_a_traceback_is_a_field_of_the_one_line() -> None:
+    try:
+        raise ValueError(HOSTILE)
+    except ValueError:
+        record = _record(exc_info=sys.exc_info(), stack_info="Stack (most recent call last):\nx")
+    line = TextFormatter().format(record)
+    for control in ("\n", "\r", "\x1b", "\u2028"):
+        assert control not in line
+    assert ' exc="Traceback (most recent call last):\\n' in line
+    assert "ValueError: billing\\nFORGED level=ERROR" in line
+    assert line.endswith(' stack="Stack (most recent call last):\\nx"')
