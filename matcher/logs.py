@@ -56,6 +56,9 @@ _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff" + _format_c
 # What escape() rewrites: the above, and the backslash itself, so that a stored literal
 # "\x1b" (four characters) shows as "\\x1b" and cannot pass for an escaped ESC byte.
 _SHOWN_ESCAPED = re.compile(r"\\|" + _CONTROL.pattern)
+# What a web page must not render as it is: the format characters reorder or hide text
+# there as on a terminal; line breaks and other controls are the page's to show.
+_INVISIBLE = re.compile("[\u2028\u2029" + _format_characters() + "]")
 _NEEDS_QUOTES = re.compile(r'[\s="\\]')
 
 
@@ -66,6 +69,12 @@ def escape(text: str) -> str:
     Reversible (Python's ``unicode_escape`` reads it back), so two texts never give the
     same escaped string (look-alike letters of other scripts are another matter)."""
     return _SHOWN_ESCAPED.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def reveal_invisible(text: str) -> str:
+    """``text`` with its format characters (bidi overrides and marks, zero-width ones)
+    shown as escapes: for HTML, which escapes markup but lets these act."""
+    return _INVISIBLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def quoted(value: object) -> str:

@@ -24,6 +24,8 @@ from tests.helpers import DaemonProcess, event, process_env, produce, produce_ra
 
 TOKEN = "console-token-for-tests"
 PAYLOAD = '"><img src=x onerror=alert(1)><script>alert(1)</script>'
+# A right-to-left override and a zero-width space: "exe.png" shown as "user\u202egnp.exe".
+BIDI = "user\u202egnp.exe\u200b"
 CSP = (
     "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
     "frame-ancestors 'none'; base-uri 'none'"
@@ -57,13 +59,19 @@ def _seed(settings: Settings) -> None:
                     correlation_id=correlation,
                 ),
             )
-    bad_headers = [("ce_id", PAYLOAD.encode()), ("x-evil", PAYLOAD.encode())]
+    bad_headers = [
+        ("ce_id", PAYLOAD.encode()),
+        ("x-evil", PAYLOAD.encode()),
+        ("x-bidi", BIDI.encode()),
+    ]
     asyncio.run(
         produce(
             settings,
             [
                 event(tenant="globex", correlation="c-mismatch"),
-                event(correlation="c-xss", type_="job.progress", data={"note": PAYLOAD}),
+                event(
+                    correlation="c-xss", type_="job.progress", data={"note": PAYLOAD, "who": BIDI}
+                ),
             ],
         )
     )
@@ -246,6 +254,11 @@ def test_hostile_text_is_escaped(signed_in: httpx.Client) -> None:
     assert "ff fe 00" in quarantine  # the binary value, as hex
     events = signed_in.get("/console/events", params={"correlation_id": "c-xss"}).text
     assert str(markupsafe.escape(PAYLOAD.replace('"', '\\"'))) in events
+    # Format characters are shown, not obeyed: the page does not read reversed.
+    for page in (quarantine, events):
+        assert "\u202e" not in page
+        assert "\u200b" not in page
+        assert "user\\u202egnp.exe\\u200b" in page
     # A link built from hostile text stays one encoded parameter.
     runs = signed_in.get("/console/runs", params={"tenant": PAYLOAD}).text
     assert PAYLOAD not in runs

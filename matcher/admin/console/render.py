@@ -13,6 +13,7 @@ import jinja2
 from fastapi.responses import HTMLResponse
 
 from matcher.domain.explain import rfc3339
+from matcher.logs import reveal_invisible
 
 # Every console response carries these (the console has no script at all).
 HEADERS = {
@@ -51,6 +52,10 @@ def as_json(value: Any, limit: int = PREVIEW_CHARS) -> str:
     return text if len(text) <= limit else text[:limit] + " …"
 
 
+def _visible(value: Any) -> Any:
+    return reveal_invisible(value) if isinstance(value, str) else value
+
+
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("matcher.admin.console", "templates"),
@@ -58,6 +63,9 @@ def _environment() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
+        # Every value shown is stored text a sender chose: a right-to-left override in a
+        # tenant would reverse the ids after it in the same cell. Shown as \u202e instead.
+        finalize=_visible,
     )
     env.globals.update(url=url)
     env.filters.update(when=when, as_json=as_json)
