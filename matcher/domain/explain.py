@@ -26,6 +26,7 @@ from uuid import UUID
 
 from matcher.domain.events import QuarantinedRecord, StoredEvent
 from matcher.domain.waits import Wait
+from matcher.logs import quoted
 
 # A resume older than this without being published is worth mentioning.
 UNPUBLISHED_GRACE_S = 5.0
@@ -245,13 +246,13 @@ def _event_mismatches(facts: ExplainFacts, found: _Findings) -> list[dict[str, A
             found.add(
                 None,
                 f"event {e.producer}/{e.event_id} has this correlation id but tenant "
-                f"{e.tenant!r}, not {wait.tenant!r}",
+                f"{quoted(e.tenant)}, not {quoted(wait.tenant)}",
             )
             mismatches.append({**_event(e), "differs": "tenant"})
         elif e.type not in wait.event_types:
             found.add(
                 None,
-                f"event {e.producer}/{e.event_id} has type {e.type!r}; the wait accepts "
+                f"event {e.producer}/{e.event_id} has type {quoted(e.type)}; the wait accepts "
                 f"{', '.join(wait.event_types)}",
             )
             mismatches.append({**_event(e), "differs": "type"})
@@ -311,7 +312,7 @@ def _arrivals(facts: ExplainFacts, late: list[StoredEvent], found: _Findings) ->
     if not facts.events and not facts.quarantined:
         found.add(
             Verdict.MISSING_SIGNAL,
-            f"nothing with correlation id {facts.wait.correlation_id!r} has arrived",
+            f"nothing with correlation id {quoted(facts.wait.correlation_id)} has arrived",
         )
     elif related:
         found.evidence["related_events"] = [_event(e) for e in related]

@@ -281,6 +281,11 @@ def test_cli_explain(settings: Settings) -> None:
     text = cli("r-cli", "--tenant", "acme")
     assert "missing_signal" in text.stdout
     assert "nothing with correlation id 'c-cli' has arrived" in text.stdout
+    # A value in a reason is escaped once, as in a table: not repr'd, then escaped again.
+    _register(settings, "r-cli-esc", "c\x1b[2J\\x")
+    hostile = cli("r-cli-esc", "--tenant", "acme")
+    assert "nothing with correlation id 'c\\x1b[2J\\\\x' has arrived" in hostile.stdout
+    assert "\x1b" not in hostile.stdout
     unknown = cli("no-such-run")
     assert unknown.returncode == 1
     assert "no waits for run" in unknown.stderr

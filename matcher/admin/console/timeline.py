@@ -9,6 +9,7 @@ from datetime import datetime
 from matcher.domain.events import QuarantinedRecord, StoredEvent
 from matcher.domain.explain import ExplainFacts
 from matcher.domain.waits import Wait
+from matcher.logs import quoted
 from matcher.store.console import RunRecord
 
 _PRODUCER_REASONS = {"tenant_not_allowed", "type_not_allowed", "unknown_producer"}
@@ -47,7 +48,7 @@ def event_status(wait: Wait, e: StoredEvent) -> str:
 
 def _event(wait: Wait, e: StoredEvent) -> Entry:
     status = event_status(wait, e)
-    text = f"event of type {e.type!r}, tenant {e.tenant!r} (inbox status {e.status})"
+    text = f"event of type {quoted(e.type)}, tenant {quoted(e.tenant)} (inbox status {e.status})"
     where = _where(e.kafka_topic, e.kafka_partition, e.kafka_offset)
     return Entry(e.received_at, status, text, where, e.producer, e.event_id)
 
