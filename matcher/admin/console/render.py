@@ -53,6 +53,8 @@ def as_json(value: Any, limit: int = PREVIEW_CHARS) -> str:
 
 
 def _visible(value: Any) -> Any:
+    # Markup (a macro's output; the templates have none) comes back as str and is escaped
+    # again: shown wrong rather than trusted.
     return reveal_invisible(value) if isinstance(value, str) else value
 
 
