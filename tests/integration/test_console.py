@@ -255,10 +255,10 @@ def test_hostile_text_is_escaped(signed_in: httpx.Client) -> None:
     events = signed_in.get("/console/events", params={"correlation_id": "c-xss"}).text
     assert str(markupsafe.escape(PAYLOAD.replace('"', '\\"'))) in events
     # Format characters are shown, not obeyed: the page does not read reversed.
-    for page in (quarantine, events):
-        assert "\u202e" not in page
-        assert "\u200b" not in page
-        assert "user\\u202egnp.exe\\u200b" in page
+    for shown in (quarantine, events):
+        assert "\u202e" not in shown
+        assert "\u200b" not in shown
+        assert "user\\u202egnp.exe\\u200b" in shown
     # A link built from hostile text stays one encoded parameter.
     runs = signed_in.get("/console/runs", params={"tenant": PAYLOAD}).text
     assert PAYLOAD not in runs
