@@ -9,7 +9,6 @@ import json
 import logging
 import re
 import sys
-import unicodedata
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,30 +34,27 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-def _format_characters() -> str:
-    """Every format character (Unicode category Cf) as a regex class body: invisible, and
-    some steer how text reads: the bidi overrides, isolates and marks, the zero-width
-    space and joiners, the soft hyphen, the byte-order mark."""
-    points = [c for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) == "Cf"]
-    ranges: list[tuple[int, int]] = []
-    for c in points:
-        if ranges and ranges[-1][1] == c - 1:
-            ranges[-1] = (ranges[-1][0], c)
-        else:
-            ranges.append((c, c))
-    return "".join(chr(a) if a == b else f"{chr(a)}-{chr(b)}" for a, b in ranges)
-
+# Every format character (Unicode category Cf, as of Unicode 14.0, Python 3.11's; a unit
+# test holds it to unicodedata): invisible, and some steer how text reads: the bidi overrides,
+# isolates and marks, the zero-width space and joiners, the soft hyphen, the byte-order
+# mark. Written out: computing it scans every code point, half a second at each start.
+FORMAT_CHARACTERS = (
+    "\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891\u08e2\u180e\u200b-\u200f"
+    "\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd"
+    "\U00013430-\U00013438\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001"
+    "\U000e0020-\U000e007f"
+)
 
 # Control characters (a newline above all), the DEL/C1 range terminals act on, the line
 # and paragraph separators, the format characters (above), and lone surrogates (from
 # undecodable arguments: a strict UTF-8 stream would refuse to write them).
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff" + _format_characters() + "]")
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff" + FORMAT_CHARACTERS + "]")
 # What escape() rewrites: the above, and the backslash itself, so that a stored literal
 # "\x1b" (four characters) shows as "\\x1b" and cannot pass for an escaped ESC byte.
 _SHOWN_ESCAPED = re.compile(r"\\|" + _CONTROL.pattern)
 # What a web page must not render as it is: the format characters reorder or hide text
 # there as on a terminal; line breaks and other controls are the page's to show.
-_INVISIBLE = re.compile("[\u2028\u2029" + _format_characters() + "]")
+_INVISIBLE = re.compile("[\u2028\u2029" + FORMAT_CHARACTERS + "]")
 _NEEDS_QUOTES = re.compile(r'[\s="\\]')
 
 
@@ -112,8 +108,10 @@ class TextFormatter(logging.Formatter):
         record.asctime = self.formatTime(record, self.datefmt)
         line = self.formatMessage(record)
         fields = dict(_extras(record))
-        if record.exc_info:
+        if record.exc_info and record.exc_info[0] is not None:
             fields["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:  # a record rebuilt elsewhere (a socket handler's) keeps this
+            fields["exc"] = record.exc_text
         if record.stack_info:
             fields["stack"] = self.formatStack(record.stack_info)
         if fields:

@@ -265,7 +265,7 @@ def _quarantined(facts: ExplainFacts, found: _Findings) -> list[dict[str, Any]]:
         if q.replayed_at is not None:
             continue
         words = _QUARANTINE_WORDS.get(q.reason, q.reason).format(
-            p=repr(q.producer), t=repr(q.tenant), y=repr(q.type)
+            p=quoted(q.producer), t=quoted(q.tenant), y=quoted(q.type)
         )
         found.add(
             None,

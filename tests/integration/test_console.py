@@ -259,6 +259,9 @@ def test_hostile_text_is_escaped(signed_in: httpx.Client) -> None:
         assert "\u202e" not in shown
         assert "\u200b" not in shown
         assert "user\\u202egnp.exe\\u200b" in shown
+    # A form's field keeps the text itself, so filtering again filters by the same text.
+    runs = signed_in.get("/console/runs", params={"tenant": BIDI}).text
+    assert f'name="tenant" value="{BIDI}"' in runs
     # A link built from hostile text stays one encoded parameter.
     runs = signed_in.get("/console/runs", params={"tenant": PAYLOAD}).text
     assert PAYLOAD not in runs

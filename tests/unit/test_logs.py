@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import unicodedata
 
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from matcher.logs import JsonFormatter, TextFormatter, escape
+from matcher.logs import FORMAT_CHARACTERS, JsonFormatter, TextFormatter, escape
 
 HOSTILE = 'billing\nFORGED level=ERROR msg="x"\r\x1b[2J\u2028 end'
 
@@ -98,3 +99,21 @@ def test_a_traceback_is_a_field_of_the_one_line() -> None:
     assert ' exc="Traceback (most recent call last):\\n' in line
     assert "ValueError: billing\\nFORGED level=ERROR" in line
     assert line.endswith(' stack="Stack (most recent call last):\\nx"')
+
+
+def test_the_format_characters_are_unicodes() -> None:
+    listed = {
+        c for c in map(chr, range(sys.maxunicode + 1)) if re.fullmatch(f"[{FORMAT_CHARACTERS}]", c)
+    }
+    category = {c for c in map(chr, range(sys.maxunicode + 1)) if unicodedata.category(c) == "Cf"}
+    if unicodedata.unidata_version == "14.0.0":  # Python 3.11's
+        assert listed == category
+    else:  # a later Python may know more: the list must then grow (escape() would miss them)
+        assert category <= listed, sorted(f"U+{ord(c):04X}" for c in category - listed)
+
+
+def test_a_record_without_an_exception_has_no_exc_field() -> None:
+    line = TextFormatter().format(_record(exc_info=(None, None, None)))
+    assert "exc=" not in line
+    rebuilt = TextFormatter().format(_record(exc_text="Traceback (most recent call last):\nE"))
+    assert rebuilt.endswith(' exc="Traceback (most recent call last):\\nE"')

@@ -10,6 +10,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 import jinja2
+import markupsafe
 from fastapi.responses import HTMLResponse
 
 from matcher.domain.explain import rfc3339
@@ -53,8 +54,10 @@ def as_json(value: Any, limit: int = PREVIEW_CHARS) -> str:
 
 
 def _visible(value: Any) -> Any:
-    # Markup (a macro's output; the templates have none) comes back as str and is escaped
-    # again: shown wrong rather than trusted.
+    # A form field's value is written `{{ value|e }}` (Markup, already escaped) and left
+    # as it is: shown as \u200b in the field, a filter would come back as another text.
+    if isinstance(value, markupsafe.Markup):
+        return value
     return reveal_invisible(value) if isinstance(value, str) else value
 
 
