@@ -58,19 +58,23 @@ _INVISIBLE = re.compile("[\u2028\u2029" + FORMAT_CHARACTERS + "]")
 _NEEDS_QUOTES = re.compile(r'[\s="\\]')
 
 
+def _as_escape(match: re.Match[str]) -> str:
+    return match.group().encode("unicode_escape").decode("ascii")
+
+
 def escape(text: str) -> str:
     """``text`` with every control character shown as an escape, so that a value from a
     record (a source, an id: attacker-chosen) cannot start a line or move the cursor. The
     one escaping of text for a terminal: the log lines and the CLI's tables and lines.
     Reversible (Python's ``unicode_escape`` reads it back), so two texts never give the
     same escaped string (look-alike letters of other scripts are another matter)."""
-    return _SHOWN_ESCAPED.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+    return _SHOWN_ESCAPED.sub(_as_escape, text)
 
 
 def reveal_invisible(text: str) -> str:
     """``text`` with its format characters (bidi overrides and marks, zero-width ones)
     shown as escapes: for HTML, which escapes markup but lets these act."""
-    return _INVISIBLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+    return _INVISIBLE.sub(_as_escape, text)
 
 
 def quoted(value: object) -> str:
