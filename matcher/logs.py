@@ -79,10 +79,18 @@ def reveal_invisible(text: str) -> str:
 
 def quoted(value: object) -> str:
     """A value in quotes, for a line that will go through escape(): ``repr`` would escape
-    it first, and escape() would then show each of its backslashes doubled."""
+    it first, and escape() would then show each of its backslashes doubled.
+
+    The quotes are ones the value does not hold, so it ends where they close. A value
+    holding both kinds is given as ``repr`` (its inner quote escaped): with plain quotes
+    ``x", not 'acme`` read as a value that ended before ``not``."""
     if not isinstance(value, str):
         return repr(value)
-    return f'"{value}"' if "'" in value and '"' not in value else f"'{value}'"
+    if "'" not in value:
+        return f"'{value}'"
+    if '"' not in value:
+        return f'"{value}"'
+    return repr(value)
 
 
 def _field(value: object) -> str:

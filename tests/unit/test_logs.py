@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
 import re
@@ -12,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from matcher.logs import FORMAT_CHARACTERS, JsonFormatter, TextFormatter, escape
+from matcher.logs import FORMAT_CHARACTERS, JsonFormatter, TextFormatter, escape, quoted
 
 HOSTILE = 'billing\nFORGED level=ERROR msg="x"\r\x1b[2J\u2028 end'
 
@@ -117,3 +118,31 @@ def test_a_record_without_an_exception_has_no_exc_field() -> None:
     assert "exc=" not in line
     rebuilt = TextFormatter().format(_record(exc_text="Traceback (most recent call last):\nE"))
     assert rebuilt.endswith(' exc="Traceback (most recent call last):\\nE"')
+
+
+def _read_quoted(shown: str) -> str:
+    """What an operator reads from a quoted, escaped value: escape() undone, then the
+    value between the quotes (a literal when it was given as one)."""
+    text = shown.encode("latin-1", "backslashreplace").decode("unicode_escape")
+    quote = text[0]
+    inner = text[1:-1]
+    if quote in inner:
+        value = ast.literal_eval(text)
+        assert isinstance(value, str)
+        return value
+    return inner
+
+
+@given(st.text(alphabet=st.characters(codec=None)))
+def test_a_quoted_value_reads_back_as_itself(text: str) -> None:
+    shown = escape(quoted(text))
+    assert shown[0] == shown[-1]
+    assert shown[0] in "'\""
+    # The value ends where its quotes close: no value can show a forged end and more text.
+    assert _read_quoted(shown) == text
+
+
+def test_a_value_with_both_quotes_cannot_end_early() -> None:
+    shown = escape(quoted("x\", not 'acme"))
+    assert shown == "'x\", not \\\\'acme'"  # repr's backslash, shown doubled
+    assert _read_quoted(shown) == "x\", not 'acme"
