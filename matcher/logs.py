@@ -9,6 +9,7 @@ import json
 import logging
 import re
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -58,8 +59,13 @@ _INVISIBLE = re.compile("[\u2028\u2029" + FORMAT_CHARACTERS + "]")
 _NEEDS_QUOTES = re.compile(r'[\s="\\]')
 
 
+def escaped_character(character: str) -> str:
+    """One character as Python writes it escaped: ``\\u202e``, ``\\x1b``."""
+    return character.encode("unicode_escape").decode("ascii")
+
+
 def _as_escape(match: re.Match[str]) -> str:
-    return match.group().encode("unicode_escape").decode("ascii")
+    return escaped_character(match.group())
 
 
 def escape(text: str) -> str:
@@ -71,10 +77,11 @@ def escape(text: str) -> str:
     return _SHOWN_ESCAPED.sub(_as_escape, text)
 
 
-def reveal_invisible(text: str) -> str:
+def reveal_invisible(text: str, shown: Callable[[str], str] = escaped_character) -> str:
     """``text`` with its format characters (bidi overrides and marks, zero-width ones)
-    shown as escapes: for HTML, which escapes markup but lets these act."""
-    return _INVISIBLE.sub(_as_escape, text)
+    replaced by ``shown`` of each (its escape by default): for HTML, which escapes markup
+    but lets these act."""
+    return _INVISIBLE.sub(lambda match: shown(match.group()), text)
 
 
 def quoted(value: object) -> str:

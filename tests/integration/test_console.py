@@ -63,6 +63,7 @@ def _seed(settings: Settings) -> None:
         ("ce_id", PAYLOAD.encode()),
         ("x-evil", PAYLOAD.encode()),
         ("x-bidi", BIDI.encode()),
+        ("x-literal", b"\\u200b"),  # the six characters, as text
     ]
     asyncio.run(
         produce(
@@ -254,11 +255,17 @@ def test_hostile_text_is_escaped(signed_in: httpx.Client) -> None:
     assert "ff fe 00" in quarantine  # the binary value, as hex
     events = signed_in.get("/console/events", params={"correlation_id": "c-xss"}).text
     assert str(markupsafe.escape(PAYLOAD.replace('"', '\\"'))) in events
-    # Format characters are shown, not obeyed: the page does not read reversed.
+    # Format characters are shown, not obeyed: the page does not read reversed. Each is
+    # marked, so it reads apart from a stored text that spells its escape.
+    revealed = (
+        'user<span class="revealed" title="RIGHT-TO-LEFT OVERRIDE">\\u202e</span>gnp.exe'
+        '<span class="revealed" title="ZERO WIDTH SPACE">\\u200b</span>'
+    )
     for shown in (quarantine, events):
         assert "\u202e" not in shown
         assert "\u200b" not in shown
-        assert "user\\u202egnp.exe\\u200b" in shown
+        assert revealed in shown
+    assert "<dt>x-literal</dt><dd>\\u200b</dd>" in quarantine
     # A form's field keeps the text itself, so filtering again filters by the same text.
     runs = signed_in.get("/console/runs", params={"tenant": BIDI}).text
     assert f'name="tenant" value="{BIDI}"' in runs

@@ -4,6 +4,7 @@ built with URL encoding, and the console's responses and errors."""
 from __future__ import annotations
 
 import json
+import unicodedata
 from datetime import datetime
 from importlib.resources import files
 from typing import Any
@@ -14,7 +15,7 @@ import markupsafe
 from fastapi.responses import HTMLResponse
 
 from matcher.domain.explain import rfc3339
-from matcher.logs import reveal_invisible
+from matcher.logs import escaped_character, reveal_invisible
 
 # Every console response carries these (the console has no script at all).
 HEADERS = {
@@ -53,12 +54,28 @@ def as_json(value: Any, limit: int = PREVIEW_CHARS) -> str:
     return text if len(text) <= limit else text[:limit] + " …"
 
 
+def _revealed(character: str) -> str:
+    # Marked, so a revealed character reads apart from a stored text "\u200b" (the same
+    # six characters, unmarked); its Unicode name on hover. Names are A-Z, 0-9, space, "-".
+    name = unicodedata.name(character, "")
+    return f'<span class="revealed" title="{name}">{escaped_character(character)}</span>'
+
+
 def _visible(value: Any) -> Any:
     # A form field's value is written `{{ value|e }}` (Markup, already escaped) and left
     # as it is: shown as \u200b in the field, a filter would come back as another text.
-    if isinstance(value, markupsafe.Markup):
+    if isinstance(value, markupsafe.Markup) or not isinstance(value, str):
         return value
-    return reveal_invisible(value) if isinstance(value, str) else value
+    # Escaped here (autoescape leaves Markup alone); then only the marks are added, each
+    # of fixed text but for a character's escape and name (ASCII letters, digits, "\\").
+    escaped = str(markupsafe.escape(value))
+    return markupsafe.Markup(reveal_invisible(escaped, _revealed))  # noqa: S704
+
+
+def unmarked(value: str) -> markupsafe.Markup:
+    """``value`` escaped, its format characters shown as escapes without the mark: for a
+    page's <title>, whose text shows markup as it is."""
+    return markupsafe.escape(reveal_invisible(value))
 
 
 def _environment() -> jinja2.Environment:
@@ -73,7 +90,7 @@ def _environment() -> jinja2.Environment:
         finalize=_visible,
     )
     env.globals.update(url=url)
-    env.filters.update(when=when, as_json=as_json)
+    env.filters.update(when=when, as_json=as_json, unmarked=unmarked)
     return env
 
 
