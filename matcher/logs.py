@@ -64,17 +64,13 @@ def escaped_character(character: str) -> str:
     return character.encode("unicode_escape").decode("ascii")
 
 
-def _as_escape(match: re.Match[str]) -> str:
-    return escaped_character(match.group())
-
-
 def escape(text: str) -> str:
     """``text`` with every control character shown as an escape, so that a value from a
     record (a source, an id: attacker-chosen) cannot start a line or move the cursor. The
     one escaping of text for a terminal: the log lines and the CLI's tables and lines.
     Reversible (Python's ``unicode_escape`` reads it back), so two texts never give the
     same escaped string (look-alike letters of other scripts are another matter)."""
-    return _SHOWN_ESCAPED.sub(_as_escape, text)
+    return _SHOWN_ESCAPED.sub(lambda match: escaped_character(match.group()), text)
 
 
 def reveal_invisible(text: str, shown: Callable[[str], str] = escaped_character) -> str:
