@@ -37,7 +37,7 @@ from typing import Any
 
 from matcher.auth.strict_json import JsonRefused, loads
 from matcher.auth.webhooks import GITHUB_SIGNATURE, STRIPE_SIGNATURE, WEBHOOK_HEADER
-from matcher.domain.events import Rejection, unstorable
+from matcher.domain.events import Rejection, summary_storable, unstorable
 
 Header = tuple[bytes, bytes | None]
 
@@ -112,10 +112,19 @@ class _Partial:
         for attr, column in names.items():
             value = self.attributes.get(attr)
             if value is None and b"ce_" + attr.encode() in self.headers:
-                value = self.headers[b"ce_" + attr.encode()].decode("utf-8", "replace")
-            if isinstance(value, str) and value:
+                value = _header_text(self.headers[b"ce_" + attr.encode()])
+            if isinstance(value, str) and value and summary_storable(value):
                 seen[column] = value[:512]
         return Rejection(reason, detail, seen)
+
+
+def _header_text(raw: bytes) -> str | None:
+    """A header's value as the text it is, or None: bytes that are not UTF-8 are not
+    guessed at (a replacement character would read like one sent)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 def folds(name: str) -> set[str]:

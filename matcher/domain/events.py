@@ -192,11 +192,18 @@ REASONS: dict[str, str] = {
 }
 
 
+def summary_storable(text: str) -> bool:
+    """Whether Postgres text can hold ``text`` as it is (no NUL, no lone surrogate)."""
+    return _UNSTORABLE_CHAR.search(text) is None
+
+
 @dataclass(frozen=True)
 class Rejection:
     """Why a record is not a valid completion event."""
 
     reason: str  # a key of REASONS
     detail: str
-    # Attributes read despite the failure: producer, event_id, tenant, type, correlation_id.
+    # Attributes read despite the failure: producer, event_id, tenant, type, correlation_id;
+    # each exactly as read (bounded), or left out when it is not text Postgres can hold
+    # (summary_storable): an escaped form would read like the characters of the escape.
     seen: dict[str, str] = field(default_factory=dict)

@@ -28,6 +28,7 @@ from matcher.store.quarantine_rows import (
     Header,
     bounded,
     storable_text,
+    summary_text,
 )
 from matcher.store.sql import query
 
@@ -115,7 +116,7 @@ def _quarantine_params(records: Sequence[IngestRecord], bounds: Bounds) -> dict[
         columns["reason"].append(rejection.reason)
         columns["detail"].append(storable_text(rejection.detail, MAX_DETAIL))
         for name in ("producer", "event_id", "tenant", "type", "correlation_id"):
-            columns[name].append(storable_text(rejection.seen.get(name)))
+            columns[name].append(summary_text(rejection.seen.get(name)))
         columns["arrived_at"].append(record.arrived_at)
         columns["size"].append(kept.size)
         columns["sha256"].append(kept.sha256)

@@ -10,8 +10,13 @@ keeps what an operator needs and a replay can use, within bounds:
   without a key cannot make the quarantine grow faster than that per record;
 - headers as JSON, each name and value as text when it is UTF-8 without NUL, else base64;
   at most ``Bounds.headers`` of them and ``Bounds.header_bytes`` in all;
-- text columns (detail, and the attributes read despite the failure) with NUL and lone
-  surrogates escaped, bounded in length.
+- the attributes read despite the failure (producer, event_id, tenant, type,
+  correlation_id) exactly as read, bounded in length, or NULL when Postgres text cannot
+  hold them (NUL, lone surrogates): an escaped stand-in would read like the characters
+  of the escape sent as they are, and the record's own bytes (value, headers) say
+  exactly what was sent;
+- the detail, our own text (a value it cites is quoted as Python does), with NUL and
+  lone surrogates escaped should any remain, bounded in length.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import base64
 import hashlib
 from dataclasses import dataclass
 from typing import Any
+
+from matcher.domain.events import summary_storable
 
 Header = tuple[bytes, bytes | None]  # a name and a value as received, both bytes
 
@@ -41,6 +48,14 @@ def storable_text(text: str | None, limit: int = MAX_TEXT) -> str | None:
         return None
     safe = text[:limit].encode("utf-8", "backslashreplace").decode("utf-8")
     return safe.replace("\x00", "\\x00")
+
+
+def summary_text(text: str | None, limit: int = MAX_TEXT) -> str | None:
+    """An attribute read from a rejected record as it was (bounded), or None when
+    Postgres text cannot hold it as it was: never an escaped stand-in for it."""
+    if text is None or not summary_storable(text[:limit]):
+        return None
+    return text[:limit]
 
 
 def _field(raw: bytes, text_key: str, binary_key: str) -> dict[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import random
 from datetime import UTC, datetime, timedelta
@@ -316,6 +317,30 @@ async def test_malformed_message_between_good_ones_is_quarantined(settings: Sett
         for r in rows(settings, "SELECT kafka_offset FROM matcher.inbox ORDER BY kafka_offset")
     ]
     assert offsets[0] < bad["kafka_offset"] < offsets[1]
+
+
+async def test_quarantine_keeps_attributes_exact_or_not_at_all(settings: Settings) -> None:
+    """A summary column holds the attribute as sent, or nothing: never an escape standing
+    in for a NUL (it would read like the four characters of a sender who sent them) nor a
+    replacement character for bytes that are not UTF-8. The headers keep the bytes."""
+    headers = [
+        ("ce_specversion", b"1.0"),
+        ("ce_id", b"evt-nul"),
+        ("ce_source", b"billing"),
+        ("ce_type", b"job\x00done"),
+        ("ce_tenant", b"\xff\xfe"),
+        ("ce_correlationid", b"c\\x00"),  # a backslash, then "x00"
+    ]
+    async with running_daemon(settings):
+        await produce_raw(settings, [(b"k", headers, b"{}")])
+        await eventually(lambda: bool(rows(settings, "SELECT id FROM matcher.quarantine")))
+    [bad] = rows(settings, "SELECT * FROM matcher.quarantine")
+    assert (bad["producer"], bad["event_id"]) == ("billing", "evt-nul")
+    assert (bad["type"], bad["tenant"]) == (None, None)
+    assert bad["correlation_id"] == "c\\x00"
+    kept = {h.get("name"): h for h in bad["headers"]}
+    assert base64.b64decode(kept["ce_type"]["base64"]) == b"job\x00done"
+    assert base64.b64decode(kept["ce_tenant"]["base64"]) == b"\xff\xfe"
 
 
 async def test_advance_is_once_per_resolution(settings: Settings) -> None:

@@ -23,6 +23,7 @@ from matcher_producer import SigningKey
 from matcher.auth.policy import Policy
 from matcher.auth.registry import Registry, parse_registry
 from matcher.domain.events import CompletionEvent, Rejection
+from matcher.store.quarantine_rows import summary_text
 from tests.helpers import UNSIGNED, parse_record, to_record
 
 EVENT = CompletionEvent(
@@ -466,3 +467,27 @@ def test_a_lookalike_key_is_refused_before_the_producer_is_asked() -> None:
         parsed = parse_record(STRUCTURED, None, value, policy=Policy(), registry=registry)
         assert isinstance(parsed, Rejection)
         assert parsed.reason == "ambiguous"
+
+
+def test_attributes_seen_are_exact_or_left_out() -> None:
+    """What a rejection reports having read (the quarantine's summary columns) is the text
+    sent or nothing: a NUL or bytes that are not UTF-8 are not stood in for by an escape
+    or a replacement character, which would read like those characters sent as such."""
+    headers = [
+        ("ce_specversion", b"1.0"),
+        ("ce_id", b"a\x00"),
+        ("ce_source", b"s"),
+        ("ce_type", b"job\x00done"),
+        ("ce_tenant", b"\xff\xfe"),
+        ("ce_correlationid", b"c\\x00"),  # a backslash, then "x00": four characters
+    ]
+    rejection = _reject(headers, b"{}")
+    assert rejection.seen == {"producer": "s", "correlation_id": "c\\x00"}
+
+
+@given(st.text(max_size=40), st.integers(min_value=0, max_value=50))
+def test_summary_text_is_the_text_or_nothing(text: str, limit: int) -> None:
+    summary = summary_text(text, limit)
+    assert summary is None or summary == text[:limit]
+    if "\x00" not in text[:limit] and not any(0xD800 <= ord(c) <= 0xDFFF for c in text[:limit]):
+        assert summary == text[:limit]
