@@ -37,6 +37,10 @@ from tests.fuzzing.webhooks import ALL_SOURCES, Request, as_record, fuzz_request
 STRUCTURED_EXAMPLES = int(os.environ.get("MATCHER_TEST_FUZZ_EXAMPLES", "3000"))
 RAW_EXAMPLES = max(1, STRUCTURED_EXAMPLES * 2 // 3)
 WEBHOOK_EXAMPLES = max(1, STRUCTURED_EXAMPLES // 5)
+# Each test's bound grows with its examples (50 ms each, far above what one takes): the
+# campaign's 50,000 outran the default 300 s, and a timeout inside hypothesis reads as a
+# flaky strategy, not as the slowness it is.
+pytestmark = pytest.mark.timeout(300 + STRUCTURED_EXAMPLES // 20)
 
 # Examples draw hundreds of decisions and some build megabyte values on purpose; neither
 # is a problem of the test.

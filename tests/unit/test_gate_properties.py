@@ -58,6 +58,10 @@ from tests.fuzzing.webhooks import (
 
 EXAMPLES = int(os.environ.get("MATCHER_TEST_PROPERTY_EXAMPLES", "2000"))
 WEBHOOK_EXAMPLES = max(1, EXAMPLES // 3)
+# Each test's bound grows with its examples (50 ms each, far above what one takes): the
+# campaign's 50,000 outran the default 300 s, and a timeout inside hypothesis reads as a
+# flaky strategy, not as the slowness it is.
+pytestmark = pytest.mark.timeout(300 + EXAMPLES // 20)
 
 # How far a mutated record got through the gate, for hypothesis to push towards: records
 # that pass the signature are where a broken property would show.
