@@ -47,6 +47,13 @@ def test_bench_smoke_produces_every_figure(services: Services, tmp_path: Path) -
     for stage in ("", "stored_", "claimed_", "published_"):
         assert figures[f"latency_200_{stage}p99_ms"] > 0, stage
     assert 0 < figures["latency_kafka_200_p50_ms"] < figures["latency_200_p50_ms"]
+    # The pipe's floor (bench/pipe.py) in windows alternating with matcher's, each pair's
+    # ratio kept; its process's CPU is reported as the daemon's.
+    assert 0 < figures["latency_kafka_200_p50_ms"] < figures["latency_pipe_200_p50_ms"]
+    assert figures["latency_pipe_200_p99_ms"] >= figures["latency_pipe_200_p50_ms"]
+    assert figures["cpu_latency_pipe_200_daemon_cores"] > 0
+    assert len(results["ratio_runs"]["latency_200_p99_over_pipe"]) == 1
+    assert results["ratios"]["latency_200_p99_over_pipe"] > 0
     # Where the CPU went (bench/cpu.py): every process of the run, the servers found by
     # the ports they listen on.
     for process in ("daemon", "postgres", "kafka", "bench"):

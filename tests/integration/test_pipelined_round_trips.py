@@ -117,7 +117,7 @@ async def test_a_failed_batch_leaves_its_rows_and_a_clean_connection(
     try:
         relay = Relay(settings, pool, asyncio.Event())
         with monkeypatch.context() as patched:
-            patched.setattr(relay_module, "_send_in_batches", refuse)
+            patched.setattr(relay_module, "send_in_batches", refuse)
             with pytest.raises(RuntimeError, match="publication failed"):
                 await asyncio.wait_for(relay.publish_batch(producer), 30)
         async with pool.connection() as conn:
