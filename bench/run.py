@@ -1187,10 +1187,11 @@ def _ratios(
             if rows
         },
         # How far matcher's tail is above the pipe's floor on the same machine (bench.pipe),
-        # the median of the pairs of windows.
+        # the median of the pairs of windows, at each rate where they were measured.
         **{
-            f"latency_{rate}_p99_over_pipe": _median(paired[f"latency_{rate}_p99_over_pipe"])
+            name: _median(paired[name])
             for rate in plan.rates
+            if (name := f"latency_{rate}_p99_over_pipe") in paired
         },
     }
 
