@@ -1078,9 +1078,8 @@ def _record_windows(
 
 
 def _floor_notes(rate: int, floors: list[dict[str, Any]]) -> list[str]:
-    """A note when the pipe's own p99 missed matcher's latency target at ``rate``: a
-    window of the machine on which no implementation that stores and republishes each
-    event would have met it."""
+    """A note when the pipe's own p99 missed matcher's latency target at ``rate``: that
+    minute, a loop doing far less than matcher missed it too."""
     target = LATENCY_TARGETS_MS.get(rate)
     if target is None:
         return []
