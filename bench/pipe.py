@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import signal
 import sys
 import time
@@ -101,7 +102,7 @@ class _Acknowledged:
         self._sending: list[tuple[asyncio.Future[Any], dict[TopicPartition, Any]]] = []
         self._ready: dict[TopicPartition, OffsetAndMetadata] = {}
         self._commit: asyncio.Task[None] | None = None
-        self._committed_at = 0.0
+        self._committed_at = -math.inf  # the first commit goes at once, whatever the clock
 
     def add(self, sends: list[asyncio.Future[Any]], records: list[Any]) -> None:
         self._sending.append((asyncio.gather(*sends), offsets(records)))
