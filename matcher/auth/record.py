@@ -340,6 +340,7 @@ def _structured_ids(
     try:
         envelope = json.loads(record.value or b"")
     except (RecursionError, ValueError):
+        _read_leniently(record.value or b"", partial)
         try:  # the strict reader says what is wrong
             loads(record.value or b"")
         except JsonRefused as exc:
@@ -358,6 +359,22 @@ def _structured_ids(
     if problem is not None:
         return Rejection("malformed", f"the attributes source and id must not contain {problem}")
     return source, event_id
+
+
+def _unread(_text: str) -> None:
+    return None
+
+
+def _read_leniently(value: bytes, partial: _Partial) -> None:
+    """What an envelope that cannot be read at all says of itself, numbers left unread (an
+    integer past Python's digit limit fails the plain reading): for the rejection's
+    ``seen`` only, so that its quarantine row names the correlation id it claimed."""
+    try:
+        envelope = json.loads(value, parse_int=_unread, parse_float=_unread, parse_constant=_unread)
+    except (RecursionError, ValueError):
+        return
+    if isinstance(envelope, dict):
+        partial.attributes.update(envelope)
 
 
 # Envelope keys repeat from record to record: whether one is a look-alike is remembered,

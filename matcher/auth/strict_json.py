@@ -3,10 +3,10 @@
 Event bytes are signed; what matcher stores and republishes is what it parsed. Where
 parsers differ (a key given twice, UTF-16 input, ``NaN``, a lone surrogate escape) the
 bytes have no single meaning, so they are refused rather than read one of the ways. The
-same goes for what Postgres' ``jsonb`` cannot hold (NUL in a string, non-finite numbers),
-for a number whose decimal value is not that of the double it parses to (more digits than a
-double holds, or too small for one: what is stored and resumed would be another number
-than the one signed), and for nesting past a bound, which would otherwise cost recursion
+same goes for what Postgres' ``jsonb`` cannot hold (NUL in a string), for a number outside
+the one number rule below (beyond a double's range, or a fraction whose decimal value is
+not that of its double: what is stored and resumed would be another number than the one
+signed), and for nesting past a bound, which would otherwise cost recursion
 in every reader after us (Python's own limit is an exception in the middle of a batch, not
 a rejection).
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import math
-import re
+import sys
 from decimal import Decimal
 from typing import Any
 
@@ -45,56 +45,79 @@ def _no_constants(name: str) -> Any:
     raise JsonRefused(f"{name} is not JSON (RFC 8259 has no non-finite numbers)")
 
 
-# What the text of JSON that is not storable must contain somewhere (a superset: strings
-# may hold look-alikes, and then the value is walked): a \\u escape (NUL and lone
-# surrogates come only from escapes; raw control characters are refused by the parser),
-# a number long or large enough to overflow to infinity. Each is looked for on its own,
-# the substring in C first: one pattern of the three alternatives tried each of them at
-# every character (7.8 µs on a typical event of 180 bytes, against 3.1 this way, a
-# twentieth of the gate's time per event). tests/unit/test_strict_json.py holds these
-# checks to that one pattern.
-_BIG_EXPONENT = re.compile(r"[0-9][eE]\+?[0-9]{3}")
-_LONG_DIGITS_MIN = 300
-_LONG_DIGITS = re.compile(f"[0-9]{{{_LONG_DIGITS_MIN}}}")
+# The number rule: every number is checked as it is parsed (the parser's hooks see each
+# one), never guessed at from the text around it. A number is accepted when
+# - as a double it is finite: every reader (JavaScript's JSON.parse, Go's float64, a
+#   double in any SDK) gets a number, never Infinity or an error;
+# - it is a fraction or exponent form whose decimal value is exactly its double's (as
+#   written back, the shortest repr: what jsonb stores and the resume carries);
+# - or it is an integer, kept exactly at every size within that range (Python and jsonb
+#   hold integers exactly; a double reader gets the nearest double past 2**53).
+# An integer of more digits than the largest double has is refused by its length before
+# it is converted, so a long one costs a length check, not Python's quadratic conversion.
+_MAX_INTEGER_DIGITS = len(str(int(sys.float_info.max)))  # 309
 
 
 def _exact_float(text: str) -> float:
-    """The double ``text`` parses to, when its decimal value is that double's (as written
-    back, the shortest repr: what jsonb stores and the resume carries); otherwise refused,
-    since the number signed and the number stored would differ (1.00000000000000000001
-    would be 1.0, 1e-400 would be 0). Integers never come here: Python and jsonb hold them
-    exactly at any size."""
+    """The double ``text`` parses to, when it is finite and its decimal value is that
+    double's; otherwise refused, since the number signed and the number stored would
+    differ (1.00000000000000000001 would be 1.0, 1e-400 would be 0, 1e400 Infinity)."""
     value = float(text)
     # Most numbers are written as the shortest repr already (every JSON serializer
     # writes doubles so): one comparison of strings, no Decimal.
-    if repr(value) == text or not math.isfinite(value):  # non-finite: refused by the walk
+    if repr(value) == text:
         return value
+    if not math.isfinite(value):
+        raise JsonRefused(f"the number {_shown(text)} is beyond a double's range (1.8e308)")
     try:
         same = Decimal(repr(value)) == Decimal(text)
     except ArithmeticError:  # an exponent past even Decimal's range (1e-99999999999999999999)
         same = False
     if not same:
         why = "too small for a double" if value == 0 else "more precision than a double"
-        shown = text if len(text) <= 40 else text[:40] + "..."
-        raise JsonRefused(f"the number {shown} cannot be stored exactly ({why})")
+        raise JsonRefused(f"the number {_shown(text)} cannot be stored exactly ({why})")
     return value
+
+
+def _bounded_int(text: str) -> int:
+    """The integer ``text`` is, when a double can hold its magnitude (see the rule above)."""
+    digits = len(text) - text.startswith("-")
+    if digits <= 15:  # the common case: far inside the range, no conversion to check
+        return int(text)
+    if digits <= _MAX_INTEGER_DIGITS:
+        value = int(text)
+        try:
+            float(value)
+        except OverflowError:
+            pass
+        else:
+            return value
+    raise JsonRefused(
+        f"the integer {_shown(text)} ({digits} digits) is beyond a double's range (1.8e308)"
+    )
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= 40 else text[:40] + "..."
 
 
 # One decoder for every call: json.loads with these options would build one each time.
 _DECODER = json.JSONDecoder(
-    object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants, parse_float=_exact_float
+    object_pairs_hook=_no_duplicate_keys,
+    parse_constant=_no_constants,
+    parse_float=_exact_float,
+    parse_int=_bounded_int,
 )
 
 
 def _may_be_unstorable(text: str, max_depth: int) -> bool:
-    """False when ``text`` certainly parsed to a storable value within ``max_depth``: the
-    walk of every value (the bulk of the cost) is then not needed."""
-    return (
-        text.count("[") + text.count("{") >= max_depth
-        or "\\u" in text
-        or _BIG_EXPONENT.search(text) is not None
-        or (len(text) >= _LONG_DIGITS_MIN and _LONG_DIGITS.search(text) is not None)
-    )
+    """False when ``text`` certainly parsed to a value without NUL or lone surrogates,
+    within ``max_depth``: the walk of every value (the bulk of the cost) is then not
+    needed. A superset by construction: those characters come only from a \\u escape
+    (raw control characters are refused by the parser, and no UTF-8 decodes to a
+    surrogate), and a level of nesting needs a bracket. Numbers are not its business:
+    the parser's hooks check each one."""
+    return text.count("[") + text.count("{") >= max_depth or "\\u" in text
 
 
 def loads(raw: bytes, *, max_depth: int = MAX_JSON_DEPTH) -> Any:

@@ -29,6 +29,7 @@ from matcher_producer import CompletionEvent as ProducerEvent
 from matcher_producer import KafkaRecord, SigningKey, binary_content, encode, sign_record
 
 from tests.fuzzing.choosers import Chooser
+from tests.fuzzing.numbers import number_text
 
 Header = tuple[bytes, bytes | None]
 T = TypeVar("T")
@@ -590,6 +591,7 @@ _HOSTILE_JSON = (
     b'"\x00"',
     b'"\x1f"',
     b"[" * 65 + b"]" * 65,
+    b"2" + b"0" * 210 + b"e99",  # Infinity with a two-digit exponent: once accepted
 )
 _ATTRIBUTE_KEYS = (
     "tenant", "type", "id", "source", "correlationid", "jobid", "time", "specversion", "data",
@@ -630,7 +632,7 @@ def _nest(c: Chooser, value: bytes) -> bytes:
 
 def other_record_value(c: Chooser, value: bytes | None) -> bytes | None:
     base = value or b""
-    how = c.integer(0, 9)
+    how = c.integer(0, 10)
     if how == 0 and base:
         return _flip_byte(c, base)
     if how == 1:
@@ -652,6 +654,8 @@ def other_record_value(c: Chooser, value: bytes | None) -> bytes | None:
         return either(c, padded, [lambda: base + b" " * 2**20])
     if how == 8:
         return either(c, (None, b"", b"null", b"{}", b"[]"), [lambda: c.choice(_HOSTILE_JSON)])
+    if how == 9:
+        return _splice(c, base, number_text(c).encode())
     return c.raw(256)
 
 
@@ -924,6 +928,20 @@ def _hostile_attribute(c: Chooser, record: Record) -> Record:
     return _with_headers(record, [*kept, (header, _as_header(hostile))])
 
 
+def _hostile_number(c: Chooser, record: Record) -> Record:
+    """The data given a number at an edge of the number rule (``numbers.number_text``),
+    written as it is, in the record's mode; the caller signs it again, so only the rule
+    stands between it and the inbox."""
+    number = number_text(c).encode()
+    envelope = _envelope(record) if _is_structured(record) else None
+    if envelope is None:
+        data = b"[" + number + b"]" if c.boolean() else b'{"n":' + number + b',"m":1}'
+        return replace(record, value=data)
+    envelope["data"] = {"n": "@number@", "id": ident(c)}
+    text = json.dumps(envelope).encode()
+    return replace(record, value=text.replace(b'"@number@"', number, 1))
+
+
 _READ_KEYS = ("tenant", "type", "id", "source", "correlationid", "jobid", "time", "data")
 
 
@@ -989,6 +1007,6 @@ def fuzz_record(c: Chooser) -> Record:
     if signing == 2:
         record = resign(c, record)
     elif signing == 3:
-        hostile = _hostile_attribute if c.boolean() else _lookalike_key
+        hostile = c.choice((_hostile_attribute, _lookalike_key, _hostile_number))
         record = resign(c, hostile(c, record))
     return record

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -155,9 +156,24 @@ def _storable(text: object, what: str) -> None:
     assert "\x00" not in text, f"{what} holds NUL: {text[:200]!r}"
 
 
+def _numbers(value: Any) -> list[int | float]:
+    stack, found = [value], []
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, int | float) and not isinstance(item, bool):
+            found.append(item)
+    return found
+
+
 def check_accepted(event: CompletionEvent) -> None:
     assert unstorable(event.data) is None, unstorable(event.data)
     json.dumps(event.data, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    for number in _numbers(event.data):  # the number rule: finite as a double, for every reader
+        assert math.isfinite(float(number)), f"accepted a number beyond a double: {number!r}"
     for name in ("id", "source", "type", "tenant", "correlationid", "jobid"):
         value = getattr(event, name)
         if value is not None:
