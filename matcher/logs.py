@@ -1,6 +1,15 @@
 """Logging setup: readable text for people, one JSON object per line for machines.
 
 Context (tenant, run, wait and event ids) travels in ``extra=``; both formats print it.
+
+No log line carries event data. The one way data could slip in is an error that quotes
+it: Postgres' messages quote the value they refused (``invalid input syntax for type
+integer: "..."``), and their detail and context quote the row (``Token "Infinity" is
+invalid``, ``JSON data, line 1: {"n": ...``). So an exception is never logged as its
+``repr``: both formats render every exception, passed in ``extra=`` or as the record's
+``exc_info``, through ``describe_error``, which gives a database error's class, SQLSTATE,
+the schema's names (constraint, table, column) and its primary message with every quoted
+value withheld, and never its detail, hint or context.
 """
 
 from __future__ import annotations
@@ -9,8 +18,10 @@ import json
 import logging
 import re
 import sys
+import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime
+from types import TracebackType
 from typing import Any
 
 # Attributes every LogRecord has; anything else on a record came from ``extra=``.
@@ -18,10 +29,67 @@ _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "ta
 
 
 def _extras(record: logging.LogRecord) -> dict[str, Any]:
-    return {k: v for k, v in record.__dict__.items() if k not in _STANDARD}
+    return {
+        k: describe_error(v) if isinstance(v, BaseException) else v
+        for k, v in record.__dict__.items()
+        if k not in _STANDARD
+    }
+
+
+# A quoted value in a Postgres message: its style guide quotes every value it cites
+# ("...", a quote inside doubled), and puts the rest in the detail and context.
+_QUOTED = re.compile(r'"(?:[^"]|"")*"', re.DOTALL)
+_DIAG_NAMES = ("schema_name", "table_name", "column_name", "datatype_name", "constraint_name")
+
+
+def describe_error(exc: BaseException) -> str:
+    """``exc`` as a log line may show it (see the module docstring): a database error
+    without any value it quotes; any other exception as ``Class: message``."""
+    # psycopg's errors, known by their module: this module stays below the store (the
+    # domain layer imports it), so it does not import the driver.
+    if type(exc).__module__.partition(".")[0] != "psycopg":
+        return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    diag = getattr(exc, "diag", None)
+    sqlstate = getattr(exc, "sqlstate", None)
+    primary = diag.message_primary if diag is not None and sqlstate else str(exc).split("\n")[0]
+    parts = [type(exc).__name__]
+    if sqlstate:
+        parts.append(f"[{sqlstate}]")
+    parts.append(_QUOTED.sub('"(withheld)"', primary or ""))
+    names = [
+        f"{n.removesuffix('_name')}={getattr(diag, n)}"
+        for n in _DIAG_NAMES
+        if diag is not None and getattr(diag, n)
+    ]
+    return " ".join([*parts, *(f"({name})" for name in names)]).strip()
+
+
+def describe_traceback(
+    kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+) -> str:
+    """A traceback whose exception lines are ``describe_error``'s, for each exception of
+    the chain (a database error's text never reaches the log through its traceback)."""
+    if exc is None:
+        return "".join(traceback.format_exception(kind, exc, tb))
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in chain:
+        chain.append(current)
+        cause = current.__cause__
+        current = (
+            cause if cause is not None or current.__suppress_context__ else current.__context__
+        )
+    blocks = []
+    for item in reversed(chain):
+        frames = "".join(traceback.format_tb(item.__traceback__))
+        blocks.append(f"Traceback (most recent call last):\n{frames}{describe_error(item)}")
+    return "\n\nwhile handling that, or caused by it:\n\n".join(blocks)
 
 
 class JsonFormatter(logging.Formatter):
+    def formatException(self, ei: Any) -> str:
+        return describe_traceback(*ei)
+
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
@@ -111,6 +179,9 @@ class TextFormatter(logging.Formatter):
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+
+    def formatException(self, ei: Any) -> str:
+        return describe_traceback(*ei)
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         return escape(super().formatMessage(record))

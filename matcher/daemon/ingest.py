@@ -30,7 +30,7 @@ from matcher.auth.registry import Registry
 from matcher.config import Settings
 from matcher.daemon.faults import crash_point
 from matcher.daemon.registry_watch import RegistryHolder
-from matcher.domain.events import Rejection
+from matcher.domain.events import Rejection, seen_attributes
 from matcher.kafka import codecs
 from matcher.kafka.binding import raw_record
 from matcher.kafka.bounded import start_consumer, stop_consumer
@@ -38,6 +38,7 @@ from matcher.kafka.commits import OffsetCommitter
 from matcher.kafka.dead_letters import DeadLetters
 from matcher.kafka.fetch import Batch, SafeFetcher
 from matcher.kafka.fetch_wait import FlowFetchWait
+from matcher.logs import describe_error
 from matcher.metrics import EVENTS_RECEIVED, EVENTS_REJECTED
 from matcher.store.ingest import BatchResult, IngestRecord, conflicting_duplicates, store_batch
 from matcher.store.maintenance import ensure_days
@@ -374,9 +375,7 @@ class Ingest:
             async with self._pool.connection() as conn:
                 conflicting = await conflicting_duplicates(conn, records)
         except psycopg.Error as exc:
-            log.warning(
-                "could not compare duplicates with the stored events", extra={"error": repr(exc)}
-            )
+            log.warning("could not compare duplicates with the stored events", extra={"error": exc})
             return
         metrics.CONFLICTING_DUPLICATES.inc(len(conflicting))
         for record in conflicting:
@@ -458,9 +457,7 @@ class Ingest:
                 # retrying would fail for ever.
                 return await self._isolate(records, exc)
             except _TRANSIENT as exc:
-                log.warning(
-                    "batch failed, retrying", extra={"error": repr(exc), "retry_in_s": delay}
-                )
+                log.warning("batch failed, retrying", extra={"error": exc, "retry_in_s": delay})
             except psycopg.errors.CheckViolation as exc:
                 if exc.diag.constraint_name is not None:
                     return await self._isolate(records, exc)  # a real CHECK refused data
@@ -471,13 +468,13 @@ class Ingest:
                     async with self._pool.connection() as conn:
                         await ensure_days(conn)
                 except psycopg.Error as error:
-                    log.warning("creating inbox days failed", extra={"error": repr(error)})
+                    log.warning("creating inbox days failed", extra={"error": error})
             except _DATA_REFUSED as exc:
                 return await self._isolate(records, exc)
             except psycopg.Error as exc:
                 log.error(
                     "batch failed unexpectedly, retrying",
-                    extra={"error": repr(exc), "retry_in_s": delay},
+                    extra={"error": exc, "retry_in_s": delay},
                 )
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
@@ -488,11 +485,13 @@ class Ingest:
             record = records[0]
             log.warning(
                 "record refused by the database; quarantined",
-                extra={"partition": record.partition, "offset": record.offset, "error": repr(exc)},
+                extra={"partition": record.partition, "offset": record.offset, "error": exc},
             )
-            refused = dataclasses.replace(
-                record, parsed=Rejection("malformed", f"refused by the database: {exc}"[:500])
-            )
+            # Quarantined with what the gate read of it, so explain names the refusal; the
+            # database's words without the values they quote (describe_error).
+            why = f"refused by the database: {describe_error(exc)}"[:500]
+            seen = {} if isinstance(record.parsed, Rejection) else seen_attributes(record.parsed)
+            refused = dataclasses.replace(record, parsed=Rejection("malformed", why, seen))
             return await self._store([refused])
         middle = len(records) // 2
         return await self._store(records[:middle]) + await self._store(records[middle:])

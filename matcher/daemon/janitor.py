@@ -49,6 +49,6 @@ class Janitor:
                 if expired or purged:
                     log.info("inbox tidied", extra={"expired": expired, "purged": purged})
             except psycopg.Error as exc:
-                log.warning("janitor pass failed; retrying later", extra={"error": repr(exc)})
+                log.warning("janitor pass failed; retrying later", extra={"error": exc})
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), self._settings.janitor_interval_s)

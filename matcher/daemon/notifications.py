@@ -32,6 +32,6 @@ async def listen(url: str, wake: Mapping[str, Callable[[], None]]) -> None:
         except psycopg.Error as exc:
             log.warning(
                 "notification listener lost its connection; reconnecting",
-                extra={"error": repr(exc)},
+                extra={"error": exc},
             )
             await asyncio.sleep(1.0)

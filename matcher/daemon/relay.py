@@ -130,12 +130,12 @@ class Relay:
                 except (TimeoutError, KafkaError, OSError) as exc:
                     log.warning(
                         "publishing failed; retrying",
-                        extra={"error": repr(exc), "retry_in_s": delay},
+                        extra={"error": exc, "retry_in_s": delay},
                     )
                 except psycopg.OperationalError as exc:
                     log.warning(
                         "database unavailable; retrying",
-                        extra={"error": repr(exc), "retry_in_s": delay},
+                        extra={"error": exc, "retry_in_s": delay},
                     )
                 finally:
                     await stop_producer(producer, self._call_timeout_s)

@@ -52,7 +52,7 @@ class Rematch:
             try:
                 await self._drain(limit)
             except _TRANSIENT as exc:
-                log.warning("rematch pass failed; retrying", extra={"error": repr(exc)})
+                log.warning("rematch pass failed; retrying", extra={"error": exc})
             await self._sleep()
         log.info("rematch stopped")
 

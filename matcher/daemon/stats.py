@@ -83,6 +83,6 @@ async def run(pool: AsyncConnectionPool, stop: asyncio.Event, interval: float) -
         try:
             await refresh(pool, mismatches)
         except psycopg.Error as exc:
-            log.warning("gauges not refreshed", extra={"error": repr(exc)})
+            log.warning("gauges not refreshed", extra={"error": exc})
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), interval)

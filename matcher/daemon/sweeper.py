@@ -51,7 +51,7 @@ class Sweeper:
                     if count < limit:
                         break
             except psycopg.Error as exc:
-                log.warning("sweep failed; retrying", extra={"error": repr(exc)})
+                log.warning("sweep failed; retrying", extra={"error": exc})
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), self._settings.sweep_interval_s)
         log.info("sweeper stopped", extra={"timed_out": self.timed_out})

@@ -192,6 +192,18 @@ REASONS: dict[str, str] = {
 }
 
 
+def seen_attributes(event: CompletionEvent) -> dict[str, str]:
+    """An event's attributes as a rejection's ``seen`` holds them (an accepted event that
+    is refused later: by the registry, or by the database)."""
+    return {
+        "producer": event.source,
+        "event_id": event.id,
+        "tenant": event.tenant,
+        "type": event.type,
+        "correlation_id": event.correlationid,
+    }
+
+
 def summary_storable(text: str) -> bool:
     """Whether Postgres text can hold ``text`` as it is (no NUL, no lone surrogate)."""
     return _UNSTORABLE_CHAR.search(text) is None

@@ -98,7 +98,7 @@ async def stop_producer(producer: AIOKafkaProducer, timeout_s: float) -> bool:
     except Exception as exc:
         log.warning(
             "Kafka producer did not stop in time; abandoning what it had pending",
-            extra={"error": repr(exc), "timeout_s": timeout_s},
+            extra={"error": exc, "timeout_s": timeout_s},
         )
     else:
         if not _sender_running(producer):
@@ -171,7 +171,7 @@ async def stop_consumer(consumer: AIOKafkaConsumer, timeout_s: float) -> bool:
     except Exception as exc:
         log.warning(
             "Kafka consumer did not stop in time; closing its connections",
-            extra={"error": repr(exc), "timeout_s": timeout_s},
+            extra={"error": exc, "timeout_s": timeout_s},
         )
     else:
         return True

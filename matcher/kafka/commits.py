@@ -143,7 +143,7 @@ class OffsetCommitter:
                 self._failed_at = self._clock()
                 log.warning(
                     "offset commit failed; will retry",
-                    extra={"error": repr(exc)},
+                    extra={"error": exc},
                 )
                 return
             else:

@@ -99,7 +99,7 @@ class DeadLetters:
                 await start_producer(producer, self._timeout_s)
                 await self._send_until_stopped(producer, stop)
             except (TimeoutError, KafkaError, OSError) as exc:
-                log.warning("dead-letter copy failed", extra={"error": repr(exc)})
+                log.warning("dead-letter copy failed", extra={"error": exc})
                 if stop.is_set():
                     break
             finally:
@@ -140,7 +140,7 @@ class DeadLetters:
                     "dead-letter copy dropped: the client refused the record",
                     extra={
                         "origin": f"{record.topic}/{record.partition}/{record.offset}",
-                        "error": repr(exc),
+                        "error": exc,
                     },
                 )
                 continue

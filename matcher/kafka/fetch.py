@@ -165,9 +165,7 @@ class SafeFetcher:
         except Exception as exc:
             if not is_decoding_failure(exc):
                 raise
-            log.warning(
-                "a fetched record cannot be decoded; isolating it", extra={"error": repr(exc)}
-            )
+            log.warning("a fetched record cannot be decoded; isolating it", extra={"error": exc})
             self._begin_isolation()
             return await self._isolate(timeout_ms, max_records)
         return self._hand_over(batch)
@@ -331,7 +329,7 @@ class SafeFetcher:
         except IllegalStateError:
             raise
         except (KafkaError, OSError, TimeoutError) as exc:
-            log.warning("cannot find where a partition starts", extra={"error": repr(exc)})
+            log.warning("cannot find where a partition starts", extra={"error": exc})
             return None
 
     async def _position(self, tp: TopicPartition) -> int:
@@ -439,7 +437,7 @@ class SafeFetcher:
             async with asyncio.timeout(self._call_timeout_s):
                 response = await client.send(node, request)
         except (KafkaError, OSError, TimeoutError) as error:
-            log.warning("raw fetch failed", extra={"error": repr(error)})
+            log.warning("raw fetch failed", extra={"error": error})
             return None
         return _partition_data(response, tp)
 

@@ -80,7 +80,7 @@ async def group_lag(
             ends = await consumer.end_offsets(partitions)
             starts = await consumer.beginning_offsets(partitions)
     except (KafkaError, OSError, TimeoutError) as exc:
-        log.warning("consumer lag unavailable", extra={"error": repr(exc)})
+        log.warning("consumer lag unavailable", extra={"error": exc})
         return None
     finally:
         await stop_consumer(consumer, wait_s)

@@ -136,9 +136,7 @@ async def reconcile(
             try:
                 answer = await _ask(reconciler, launch)
             except Exception as exc:  # the reconciler is user code: record, carry on
-                log.warning(
-                    "reconciler failed", extra={"launch_id": str(launch.id), "error": repr(exc)}
-                )
+                log.warning("reconciler failed", extra={"launch_id": str(launch.id), "error": exc})
                 cur.execute(query("launches", "reconcile_unknown"), {"id": launch.id})
                 detail = f"{type(exc).__name__}: {exc}"[:500]
                 cur.execute(
