@@ -42,7 +42,12 @@ from matcher.auth.webhooks import (
     stripe_parts,
     stripe_signature_ok,
 )
-from matcher.domain.events import DATA_READ_STRICTLY, CompletionEvent, Rejection
+from matcher.domain.events import (
+    DATA_READ_STRICTLY,
+    CompletionEvent,
+    Rejection,
+    seen_attributes,
+)
 
 _UNIX_SECONDS = re.compile(rb"[0-9]{1,12}")
 # No header name is anywhere near this; a bound keeps the look-alike check cheap.
@@ -84,7 +89,7 @@ def judge(record: RawRecord, registry: Registry, policy: Policy) -> CompletionEv
     if (read.source, read.id) != (claimed.source, claimed.id):
         return claimed.partial.reject("ambiguous", "the strict reading differs from the claim")
     refused = _check_allowed(read, producer, registry)
-    return read if refused is None else Rejection(refused.reason, refused.detail, _seen(read))
+    return read if refused is None else refused
 
 
 def read(record: RawRecord, policy: Policy) -> CompletionEvent | Rejection:
@@ -163,16 +168,6 @@ def _event(view: View) -> CompletionEvent | Rejection:
         return Rejection("malformed", problems[:500])
 
 
-def _seen(event: CompletionEvent) -> dict[str, str]:
-    return {
-        "producer": event.source,
-        "event_id": event.id,
-        "tenant": event.tenant,
-        "type": event.type,
-        "correlation_id": event.correlationid,
-    }
-
-
 def _check_signature(
     record: RawRecord, claimed: Claim, producer: Producer, policy: Policy
 ) -> Rejection | None:
@@ -226,6 +221,31 @@ def _stale(timestamp: bytes, name: str, record: RawRecord, policy: Policy) -> Re
     return None
 
 
+def stale_at(record: RawRecord, producer: Producer, policy: Policy) -> Rejection | None:
+    """Whether ``record``, which ``judge`` accepted for ``producer``, is outside the
+    timestamp tolerance of ``record.arrived_at``. The ingress asks it with the broker's
+    append time once Kafka acknowledged the record: the arrival the daemon will judge it
+    by, so that a slow body accepted at the edge is refused there rather than answered
+    202 and then quarantined (invariant 12)."""
+    claimed = claim(record)
+    if isinstance(claimed, Rejection):
+        return claimed
+    scheme = producer.webhook.scheme if producer.webhook is not None else "standard-webhooks"
+    if scheme == "github":
+        return None  # GitHub signs no time
+    if scheme == "stripe":
+        header = claimed.reserved.get(STRIPE_SIGNATURE)
+        if header is None:
+            return None
+        try:
+            timestamp, _ = stripe_parts(header, policy.max_signatures)
+        except BadStripeHeader as exc:
+            return Rejection("bad_signature", str(exc))
+        return _stale(timestamp, "stripe-signature t", record, policy)
+    stamp = claimed.reserved.get(b"webhook-timestamp")
+    return None if stamp is None else _stale(stamp, "webhook-timestamp", record, policy)
+
+
 def _judge_webhook(
     record: RawRecord,
     claimed: Claim,
@@ -245,7 +265,7 @@ def _judge_webhook(
     if isinstance(event, Rejection):
         return event
     refused = _check_allowed(event, producer, registry)
-    return event if refused is None else Rejection(refused.reason, refused.detail, _seen(event))
+    return event if refused is None else refused
 
 
 def _check_webhook_signature(
@@ -300,16 +320,19 @@ def _check_allowed(
             return Rejection(
                 "tenant_not_allowed",
                 f"producer {event.source!r} may not send events for tenant {event.tenant!r}",
+                seen_attributes(event),
             )
         if not producer.may_send(event.type):
             return Rejection(
                 "type_not_allowed",
                 f"producer {event.source!r} may not send events of type {event.type!r}",
+                seen_attributes(event),
             )
     validator = registry.schemas.get(event.type)
     if validator is not None:
         error = next(iter(validator.iter_errors(event.data)), None)
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path) or "(root)"
-            return Rejection("schema_invalid", f"data at {where}: {error.message}"[:500])
+            detail = f"data at {where}: {error.message}"[:500]
+            return Rejection("schema_invalid", detail, seen_attributes(event))
     return None

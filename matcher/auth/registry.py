@@ -43,7 +43,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from matcher.auth.signatures import VerifyingKey, decode_key
+from matcher.auth.signatures import MAX_KEYS_PER_PRODUCER, VerifyingKey, decode_key
 from matcher.auth.webhooks import Scheme, WebhookMapping, compile_mapping
 
 
@@ -130,6 +130,12 @@ class ProducerSpec(BaseModel):
         ids = [k.id for k in keys]
         if len(ids) != len(set(ids)):
             raise ValueError("key ids must be unique within a producer")
+        if len(keys) > MAX_KEYS_PER_PRODUCER:
+            raise ValueError(
+                f"{len(keys)} keys; a producer has at most {MAX_KEYS_PER_PRODUCER} (a rotation "
+                "needs two at a time): every key is a verification that any record claiming "
+                "this producer costs, signed or not"
+            )
         return keys
 
     @model_validator(mode="after")

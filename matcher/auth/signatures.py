@@ -115,23 +115,36 @@ def offered_signatures(header: bytes, limit: int) -> list[tuple[bytes, bytes]]:
     return offered
 
 
+# What refusing a record may cost, whatever the producer's keys: a producer lists at most
+# MAX_KEYS_PER_PRODUCER keys (the registry refuses more); each HMAC key costs one MAC of
+# the message however many entries are offered; and only the first
+# MAX_ASYMMETRIC_SIGNATURES Ed25519 entries are verified (~60 µs each, the expensive
+# kind), each against every Ed25519 key: 16 verifications at most, never more with more
+# keys or more entries. A sender rotating its own key offers two.
+MAX_KEYS_PER_PRODUCER = 4
+MAX_ASYMMETRIC_SIGNATURES = 4
+
+
 def verify(
     offered: list[tuple[bytes, bytes]], message: bytes, keys: Iterable[VerifyingKey]
 ) -> str | None:
-    """The id of the key that signed ``message``, or None. Comparisons are constant-time."""
+    """The id of the key that signed ``message``, or None. Comparisons are constant-time;
+    the work is bounded as described above."""
+    macs = [signature for version, signature in offered if version == b"v1"]
+    asymmetric = [signature for version, signature in offered if version == b"v1a"]
+    public_keys = []
     for key in keys:
-        if key.hmac_secret is not None:
+        if key.hmac_secret is not None and macs:
             expected = hmac_sha256(key.hmac_secret, message)
-            for version, signature in offered:
-                if version == b"v1" and hmac.compare_digest(expected, signature):
-                    return key.id
-        if key.ed25519_public_key is not None:
-            for version, signature in offered:
-                if version != b"v1a":
-                    continue
-                try:
-                    key.ed25519_public_key.verify(signature, message)
-                except InvalidSignature:
-                    continue
+            if any(hmac.compare_digest(expected, signature) for signature in macs):
                 return key.id
+        if key.ed25519_public_key is not None:
+            public_keys.append((key.id, key.ed25519_public_key))
+    for signature in asymmetric[:MAX_ASYMMETRIC_SIGNATURES]:
+        for key_id, public_key in public_keys:
+            try:
+                public_key.verify(signature, message)
+            except InvalidSignature:
+                continue
+            return key_id
     return None

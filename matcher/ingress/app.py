@@ -9,6 +9,7 @@ nothing of the request; bodies are never logged.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -22,7 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import ClientDisconnect
 
 from matcher import __version__
-from matcher.auth.gate import judge
+from matcher.auth.gate import judge, stale_at
 from matcher.auth.registry import Producer, Registry
 from matcher.config import IngressSettings
 from matcher.domain.events import CompletionEvent
@@ -38,9 +39,8 @@ from matcher.ingress.requests import Refusal, refusal, to_record
 
 log = logging.getLogger("matcher.ingress")
 
-# Judged in a worker thread past this size, so a large body's JSON walk does not hold
-# the event loop (and with it every other request).
-_THREAD_JUDGE_BYTES = 64 * 1024
+# A body's first second is not held to the minimum rate (a connection's slow start).
+_RATE_GRACE_S = 1.0
 # Details safe to log: made of matcher's own words and numbers, nothing from the body.
 _LOGGED_DETAIL = frozenset(
     {"bad_signature", "expired_timestamp", "too_large", "limit_exceeded", "timeout"}
@@ -48,7 +48,8 @@ _LOGGED_DETAIL = frozenset(
 _RETRY_AFTER_S = {"overloaded": "1", "kafka_unavailable": "5"}
 _SAFE_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
 
-Send = Callable[[bytes, bytes, list[tuple[str, bytes]]], Awaitable[tuple[int, int]]]
+# Publishes a record; answers when the broker appended it (its timestamp).
+Send = Callable[[bytes, bytes, list[tuple[str, bytes]]], Awaitable[datetime]]
 
 
 @dataclass
@@ -145,20 +146,12 @@ def create_app(state: IngressState) -> FastAPI:
     @app.post("/v1/webhooks/{producer}")
     async def webhook(producer: str, request: Request) -> JSONResponse:
         started = time.monotonic()
-        arrived = datetime.now(UTC)
         found = state.registry().producers.get(producer)
         label = producer if found is not None else UNKNOWN_PRODUCER
         if found is None:
             answer = _answer(label, Refusal("unknown_producer", "no such producer"), 404)
-        elif slots.locked():
-            answer = _answer(label, Refusal("overloaded", "every slot is busy"))
         else:
-            async with slots:
-                IN_FLIGHT.inc()
-                try:
-                    answer = await _handle(state, found, request, arrived, started)
-                finally:
-                    IN_FLIGHT.dec()
+            answer = await _handle(state, found, request, started, slots)
         REQUEST_DURATION.labels(label).observe(time.monotonic() - started)
         return answer
 
@@ -166,21 +159,40 @@ def create_app(state: IngressState) -> FastAPI:
 
 
 async def _handle(
-    state: IngressState, producer: Producer, request: Request, arrived: datetime, started: float
+    state: IngressState,
+    producer: Producer,
+    request: Request,
+    started: float,
+    slots: asyncio.Semaphore,
 ) -> JSONResponse:
+    """Read the body (no slot held: a slow sender costs a connection, not capacity), then
+    judge and forward it in a slot."""
     settings = state.settings
-    deadline = started + settings.ingress_read_timeout_s
-    body = await _read_body(request, settings.max_event_bytes, deadline)
+    body = await _read_body(request, settings, started + settings.ingress_read_timeout_s)
     if isinstance(body, Refusal):
         return _answer(producer.source, body)
-    record = to_record(producer, list(request.scope["headers"]), body, arrived)
+    if slots.locked():
+        return _answer(producer.source, Refusal("overloaded", "every slot is busy"))
+    async with slots:
+        IN_FLIGHT.inc()
+        try:
+            return await _judge_and_forward(state, producer, request, body)
+        finally:
+            IN_FLIGHT.dec()
+
+
+async def _judge_and_forward(
+    state: IngressState, producer: Producer, request: Request, body: bytes
+) -> JSONResponse:
+    # Freshness is judged at the body's arrival here, and again below at the broker's
+    # append time: the arrival the daemon judges the record by (invariant 12).
+    record = to_record(producer, list(request.scope["headers"]), body, datetime.now(UTC))
     if isinstance(record, Refusal):
         return _answer(producer.source, record)
-    registry, policy = state.registry(), settings.policy()
-    if len(body) > _THREAD_JUDGE_BYTES:
-        judged = await asyncio.to_thread(judge, record, registry, policy)
-    else:
-        judged = judge(record, registry, policy)
+    registry, policy = state.registry(), state.settings.policy()
+    # In a worker thread, whatever its size: judging is bounded work (the gate's cost
+    # bounds) but not nothing, and the event loop serves every other connection.
+    judged = await asyncio.to_thread(judge, record, registry, policy)
     if not isinstance(judged, CompletionEvent):
         return _answer(producer.source, refusal(judged))
     if judged.source != producer.source:
@@ -190,37 +202,64 @@ async def _handle(
     key = f"{judged.tenant}\x1f{judged.correlationid}".encode()
     headers = [(name.decode("ascii"), value or b"") for name, value in record.headers]
     try:
-        partition, offset = await state.send(key, body, headers)
+        appended = await state.send(key, body, headers)
     except KafkaUnavailable:
         return _answer(producer.source, Refusal("kafka_unavailable", "not acknowledged"))
+    stale = stale_at(dataclasses.replace(record, arrived_at=appended), producer, policy)
+    if stale is not None:
+        # Written, but past the tolerance where the daemon judges it: it will be
+        # quarantined, so the sender must hear a refusal, not 202.
+        return _answer(producer.source, refusal(stale))
     REQUESTS.labels(producer.source, "accepted").inc()
-    log.debug(
-        "webhook accepted",
-        extra={"producer": producer.source, "partition": partition, "offset": offset},
-    )
+    log.debug("webhook accepted", extra={"producer": producer.source})
     return JSONResponse({"accepted": True}, status_code=202, headers=_SAFE_HEADERS)
 
 
-async def _read_body(request: Request, limit: int, deadline: float) -> bytes | Refusal:
-    """The body, up to ``limit`` bytes, by ``deadline`` (monotonic); never buffered past
-    the limit."""
+async def _read_body(
+    request: Request, settings: IngressSettings, deadline: float
+) -> bytes | Refusal:
+    """The body, up to the size limit, by ``deadline`` (monotonic) and at no less than the
+    minimum rate; never buffered past the limit."""
+    limit = settings.max_event_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         return Refusal("too_large", f"content-length is over the limit of {limit} bytes")
+    pace = _Pace(settings.ingress_min_body_rate_bps, deadline)
     chunks: list[bytes] = []
     size = 0
     try:
-        async with asyncio.timeout_at(_loop_time(deadline)):
+        async with asyncio.timeout_at(_loop_time(pace.next_deadline(0))) as bound:
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > limit:
                     return Refusal("too_large", f"the body is over the limit of {limit} bytes")
                 chunks.append(chunk)
+                bound.reschedule(_loop_time(pace.next_deadline(size)))
     except TimeoutError:
-        return Refusal("timeout", "the body did not arrive within the read timeout")
+        return Refusal("timeout", pace.why_late(size))
     except ClientDisconnect:
         return Refusal("timeout", "the client went away before its body arrived")
     return b"".join(chunks)
+
+
+@dataclass(frozen=True)
+class _Pace:
+    """When a body's next bytes must have arrived: by the read deadline, and at the
+    minimum rate counted from a first second of grace."""
+
+    rate_bps: int
+    deadline: float  # monotonic
+    began: float = dataclasses.field(default_factory=time.monotonic)
+
+    def next_deadline(self, received: int) -> float:
+        if self.rate_bps <= 0:
+            return self.deadline
+        return min(self.deadline, self.began + _RATE_GRACE_S + received / self.rate_bps)
+
+    def why_late(self, received: int) -> str:
+        if time.monotonic() >= self.deadline:
+            return "the body did not arrive within the read timeout"
+        return f"the body arrived slower than {self.rate_bps} bytes/s ({received} bytes so far)"
 
 
 def _loop_time(monotonic_deadline: float) -> float:

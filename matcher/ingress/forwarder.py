@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
@@ -79,8 +80,10 @@ class Forwarder:
 
     async def send(
         self, key: bytes, value: bytes, headers: Sequence[tuple[str, bytes]]
-    ) -> tuple[int, int]:
-        """Publish one record; its (partition, offset) once Kafka acknowledged it."""
+    ) -> datetime:
+        """Publish one record; once Kafka acknowledged it, the time the broker appended it
+        (the arrival the daemon judges it by: events topics keep ``LogAppendTime``), or
+        the time of the acknowledgement when the broker gives none."""
         producer = self._producer
         if producer is None:
             raise KafkaUnavailable("the Kafka producer is not started")
@@ -102,7 +105,9 @@ class Forwarder:
                 extra={"error": f"{type(exc).__name__}: {exc}"},
             )
             raise KafkaUnavailable(str(exc)) from None
-        return metadata.partition, metadata.offset
+        if metadata.timestamp is None or metadata.timestamp < 0:
+            return datetime.now(UTC)
+        return datetime.fromtimestamp(metadata.timestamp / 1000, UTC)
 
     async def reachable(self) -> bool:
         """Whether a broker answers (a metadata request for the events topic, bounded)."""

@@ -65,6 +65,12 @@ PRODUCE_ERRORS = Counter(
     "Records Kafka did not acknowledge in time or refused (the sender got 503).",
     registry=REGISTRY,
 )
+CONNECTIONS_EVICTED = Counter(
+    "matcher_ingress_connections_evicted_total",
+    "Connections closed at the connection bound to make room for a new one: each the "
+    "connection that had waited longest on its client (a slow or idle one).",
+    registry=REGISTRY,
+)
 IN_FLIGHT = Gauge(
     "matcher_ingress_in_flight_requests",
     "Webhook requests being handled now.",

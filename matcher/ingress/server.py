@@ -1,12 +1,14 @@
 """Runs the ingress: uvicorn with internet-facing bounds, the Kafka forwarder, and the
 producers-file watch; SIGTERM drains in-flight requests, then stops.
 
-Bounds: open connections (``MATCHER_INGRESS_MAX_CONNECTIONS``; past it, 503), requests
-handled at once (``MATCHER_INGRESS_MAX_CONCURRENCY``, in the app), header bytes (h11's
-incomplete-event bound while they arrive, and the app's check of what was parsed), and
-time: a request's headers must be complete within ``MATCHER_INGRESS_READ_TIMEOUT_S`` of
-its first byte (else the connection is closed: uvicorn itself waits for ever), its body
-within as long again (408).
+Bounds: open connections (``MATCHER_INGRESS_MAX_CONNECTIONS``; past it a new connection
+evicts the one waiting longest on its client, see ``_BoundedProtocol``), requests judged
+and forwarded at once (``MATCHER_INGRESS_MAX_CONCURRENCY``, in the app, taken only once a
+body is complete), header bytes (h11's incomplete-event bound while they arrive, and the
+app's check of what was parsed), and time: a request's headers must be complete within
+``MATCHER_INGRESS_READ_TIMEOUT_S`` of its first byte (else the connection is closed:
+uvicorn itself waits for ever), its body within as long again and at no less than
+``MATCHER_INGRESS_MIN_BODY_RATE_BPS`` (408).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import math
 import signal
 import socket
 from collections.abc import Generator
-from typing import Any
+from typing import Any, ClassVar
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -27,20 +29,53 @@ from matcher.config import IngressSettings
 from matcher.daemon.registry_watch import RegistryHolder
 from matcher.ingress.app import IngressState, create_app
 from matcher.ingress.forwarder import Forwarder
-from matcher.ingress.metrics import REGISTRY_RELOAD_FAILING, REGISTRY_RELOADS
+from matcher.ingress.metrics import (
+    CONNECTIONS_EVICTED,
+    REGISTRY_RELOAD_FAILING,
+    REGISTRY_RELOADS,
+)
 
 log = logging.getLogger("matcher.ingress")
 
 
-class _HeaderDeadline(H11Protocol):
-    """uvicorn's h11 protocol, with a deadline on every request's headers (slowloris)."""
+class _BoundedProtocol(H11Protocol):
+    """uvicorn's h11 protocol with two defences against clients that hold connections
+    without sending (slowloris: headers a byte at a time; slow bodies):
+
+    - a deadline on every request's headers (uvicorn itself waits for ever);
+    - at the connection bound, a new connection evicts the connection that has waited
+      longest on its client: one still sending its headers or body, or idle between
+      requests. A request whose body is complete (being judged or forwarded) is never
+      evicted. Legitimate senders finish a request in milliseconds, so the oldest
+      waiting connection is an idle or slow one; an attacker who keeps reconnecting only
+      evicts its own connections. Past the bound with every connection busy, the new
+      one's request gets uvicorn's 503.
+    """
 
     header_timeout_s = 10.0  # set per server by ``_protocol``
+    max_connections = 1024
+    # The connections waiting on their client, the longest-waiting first (one per server).
+    waiting: ClassVar[dict[_BoundedProtocol, None]] = {}
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._deadline: asyncio.TimerHandle | None = None
         self._arm()
+        self._wait_on_client()
+        if len(self.connections) > self.max_connections:
+            self._evict_one()
+
+    def _evict_one(self) -> None:
+        victim = next((c for c in self.waiting if c is not self), None)
+        if victim is None:
+            return  # every other connection is busy: uvicorn answers this one 503
+        del self.waiting[victim]
+        victim.transport.close()
+        CONNECTIONS_EVICTED.inc()
+
+    def _wait_on_client(self) -> None:
+        self.waiting.pop(self, None)
+        self.waiting[self] = None  # the end of the order: the most recent to wait
 
     def _between_requests(self) -> bool:
         return self.cycle is None or self.cycle.response_complete
@@ -60,19 +95,32 @@ class _HeaderDeadline(H11Protocol):
             self.transport.close()
 
     def data_received(self, data: bytes) -> None:
-        if self._between_requests():
+        if self._between_requests() and self._deadline is None:
             self._arm()  # the next request's headers have begun
+            self._wait_on_client()  # its wait counts from its first byte
         super().data_received(data)
         if not self._between_requests():
             self._disarm()
+            if not self.cycle.more_body:
+                self.waiting.pop(self, None)  # the request is all here: busy, not waiting
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and self._between_requests():
+            self._wait_on_client()  # idle between requests
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self.waiting.pop(self, None)
         super().connection_lost(exc)
 
 
-def _protocol(header_timeout_s: float) -> type[H11Protocol]:
-    return type("IngressH11Protocol", (_HeaderDeadline,), {"header_timeout_s": header_timeout_s})
+def _protocol(header_timeout_s: float, max_connections: int) -> type[H11Protocol]:
+    return type(
+        "IngressH11Protocol",
+        (_BoundedProtocol,),
+        {"header_timeout_s": header_timeout_s, "max_connections": max_connections, "waiting": {}},
+    )
 
 
 class _Server(uvicorn.Server):
@@ -87,13 +135,14 @@ def _uvicorn_config(settings: IngressSettings, app: Any) -> uvicorn.Config:
         app,
         host=host,
         port=port,
-        http=_protocol(settings.ingress_read_timeout_s),
+        http=_protocol(settings.ingress_read_timeout_s, settings.ingress_max_connections),
         log_config=None,
         access_log=False,  # the app logs refusals; nothing of a request's body, ever
         lifespan="off",
         server_header=False,
         date_header=True,
-        limit_concurrency=settings.ingress_max_connections,
+        # One above the bound: a connection past it evicts a waiting one first (above).
+        limit_concurrency=settings.ingress_max_connections + 1,
         timeout_keep_alive=5,
         timeout_graceful_shutdown=math.ceil(settings.ingress_drain_timeout_s),
         h11_max_incomplete_event_size=settings.max_header_bytes,
