@@ -22,6 +22,10 @@ from matcher.auth.policy import Policy
 from matcher.logs import quoted
 
 ENV_PREFIX = "MATCHER_"
+# The admin token guards /v1 and the console: long enough that guessing it, even at the
+# rate the throttle allows (matcher.admin.throttle), is hopeless; 32 hex digits are 128 bits.
+ADMIN_TOKEN_MIN_LENGTH = 32
+ADMIN_TOKEN_MIN_DISTINCT = 8
 
 # libpq parameters every daemon connection gets unless the URL says otherwise.
 _CONNECTION_DEFAULTS = {
@@ -257,8 +261,13 @@ class Settings(KafkaSettings):
     # The admin HTTP API (health, metrics, explain, views). Port 0: any free port.
     admin_address: str = "127.0.0.1:9464"
     # When set, /v1/* requires `Authorization: Bearer <token>`. Set but empty is refused:
-    # it would read as "protected" and protect nothing.
+    # it would read as "protected" and protect nothing; so is one too short to stand up to
+    # guessing (ADMIN_TOKEN_MIN_LENGTH).
     admin_token: SecretStr | None = None
+    # Failed attempts at the admin token per client address (sign-in, bearer headers):
+    # this many at once, then one every interval; past that, 429 with Retry-After.
+    admin_auth_failures_burst: int = Field(default=10, ge=1)
+    admin_auth_failure_interval_s: float = Field(default=5.0, gt=0)
     # How often system-wide gauges are read from Postgres.
     stats_interval_s: float = Field(default=5.0, gt=0)
 
@@ -274,8 +283,17 @@ class Settings(KafkaSettings):
     @field_validator("admin_token")
     @classmethod
     def _check_admin_token(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and not value.get_secret_value().strip():
+        if value is None:
+            return value
+        token = value.get_secret_value()
+        if not token.strip():
             raise ValueError("is empty: unset it to leave /v1 open, or give a token")
+        if len(token) < ADMIN_TOKEN_MIN_LENGTH or len(set(token)) < ADMIN_TOKEN_MIN_DISTINCT:
+            raise ValueError(
+                f"is too weak ({len(token)} characters, {len(set(token))} distinct): give at "
+                f"least {ADMIN_TOKEN_MIN_LENGTH} characters, {ADMIN_TOKEN_MIN_DISTINCT} of them "
+                "distinct, e.g. the output of `openssl rand -hex 32`"
+            )
         return value
 
     def database_conninfo(self) -> str:
@@ -341,9 +359,12 @@ class IngressSettings(KafkaSettings):
     ingress_max_concurrency: int = Field(default=64, ge=1, le=100_000)
     # Open connections at most (idle keep-alive ones included); past it, 503.
     ingress_max_connections: int = Field(default=1024, ge=1, le=1_000_000)
-    # The whole request (headers and body) must arrive within this, or the connection is
-    # closed (headers) or answered 408 (body): a slow client cannot hold a slot.
+    # A request's headers must arrive within this, or the connection is closed; its body
+    # within as long again, or it is answered 408.
     ingress_read_timeout_s: float = Field(default=10.0, gt=0)
+    # A body must keep arriving at this many bytes per second at least (after a first
+    # second), or it is answered 408: a body sent a byte at a time ends in about a second.
+    ingress_min_body_rate_bps: int = Field(default=500, ge=0)
     # Kafka must acknowledge a record within this; past it the sender gets 503.
     ingress_produce_timeout_s: float = Field(default=10.0, gt=0)
     # SIGTERM: stop accepting, let in-flight requests finish for at most this long.
@@ -387,7 +408,7 @@ def _describe(error: Any) -> str:
     if error.get("type") == "missing":
         return f"{variable}: required, not set"
     given = error.get("input")
-    secret = "password" in field or "url" in field or "secret" in field
+    secret = any(word in field for word in ("password", "url", "secret", "token"))
     if given is None or secret or isinstance(given, dict):
         return f"{variable}: {message}"
     return f"{variable}: {message} (got {quoted(str(given))})"

@@ -4,6 +4,7 @@
 """
 
 import hmac
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -27,6 +28,7 @@ from matcher.admin.filters import (
     WaitFilters,
     page,
 )
+from matcher.admin.throttle import FailureThrottle
 from matcher.config import Settings
 from matcher.domain.events import QuarantinedRecord, StoredEvent
 from matcher.domain.explain import Verdict
@@ -97,11 +99,17 @@ def create_app(state: AdminState) -> FastAPI:
         description="Health, metrics, and read-only views of waits, events and quarantine, "
         "and `explain` for any run. `/v1/*` takes `Authorization: Bearer <token>` when "
         "MATCHER_ADMIN_TOKEN is set.",
+        # A trailing slash would be redirected to a URL built from the Host header.
+        redirect_slashes=False,
+    )
+    # Failed token attempts, per client address, on /v1 and the console alike.
+    throttle = FailureThrottle(
+        state.settings.admin_auth_failures_burst, state.settings.admin_auth_failure_interval_s
     )
     app.include_router(_operations(state))
-    app.include_router(_inspection(state, [Depends(_bearer_check(state.settings))]))
+    app.include_router(_inspection(state, [Depends(_bearer_check(state.settings, throttle))]))
     # The operator console (/console), behind the same admin token.
-    console.mount(app, state)
+    console.mount(app, state, throttle)
     _handle_database_errors(app)
     return app
 
@@ -109,23 +117,34 @@ def create_app(state: AdminState) -> FastAPI:
 # The error bodies every /v1 route may answer with, for the OpenAPI document.
 _ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": Problem},
+    429: {"model": Problem},
     404: {"model": Problem},
     409: {"model": Problem},
 }
 
 
-def _bearer_check(settings: Settings) -> Callable[..., Awaitable[None]]:
-    """The /v1 dependency: the bearer token, compared in constant time (none if unset)."""
+def _bearer_check(settings: Settings, throttle: FailureThrottle) -> Callable[..., Awaitable[None]]:
+    """The /v1 dependency: the bearer token, compared in constant time (none if unset),
+    unless the client's address failed too often (429)."""
     bearer = HTTPBearer(auto_error=False)
     token = settings.admin_token
 
     async def authorised(
+        request: Request,
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     ) -> None:
         if token is None:
             return
+        client = request.client.host if request.client is not None else "unknown"
+        wait = throttle.retry_after(client)
+        if wait is not None:
+            raise HTTPException(
+                429, "too many failed attempts: try again later",
+                {"Retry-After": str(math.ceil(wait))},
+            )  # fmt: skip
         given = credentials.credentials if credentials else ""
         if not hmac.compare_digest(given.encode(), token.get_secret_value().encode()):
+            throttle.failed(client)
             raise HTTPException(
                 401, "a valid bearer token is required", {"WWW-Authenticate": "Bearer"}
             )

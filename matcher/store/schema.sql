@@ -404,6 +404,17 @@ $$;
 
 
 --
+-- Name: console_sessions; Type: TABLE; Schema: matcher; Owner: -
+--
+
+CREATE TABLE matcher.console_sessions (
+    id bytea NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    expires_at timestamp with time zone NOT NULL
+);
+
+
+--
 -- Name: event_ids; Type: TABLE; Schema: matcher; Owner: -
 --
 
@@ -580,6 +591,14 @@ CREATE TABLE matcher.runs (
     version integer DEFAULT 0 NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL
 );
+
+
+--
+-- Name: console_sessions console_sessions_pkey; Type: CONSTRAINT; Schema: matcher; Owner: -
+--
+
+ALTER TABLE ONLY matcher.console_sessions
+    ADD CONSTRAINT console_sessions_pkey PRIMARY KEY (id);
 
 
 --

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.timeout(600)
 
 ROOT = Path(__file__).parents[2]
 T = TypeVar("T")
-TOKEN = "console-token-for-tests"
+TOKEN = "console-token-for-tests-0123456789abcdef"
 K1 = "whsec_" + base64.b64encode(b"console-key-one-0123456789abcdef").decode()
 K2 = "whsec_" + base64.b64encode(b"console-key-two-0123456789abcdef").decode()
 XSS_SCRIPT = "<script>alert(1)</script>"

@@ -36,7 +36,7 @@ from tests.helpers import (
     scalar,
 )
 
-TOKEN = "admin-token-for-tests"
+TOKEN = "admin-token-for-tests-0123456789abcdef"
 
 
 @dataclass
@@ -60,7 +60,11 @@ def admin(services: Services, template_db: str) -> Iterator[Admin]:
                     correlation_id="c1",
                 ),
             )  # fmt: skip
-        daemon = DaemonProcess(process_env(settings, MATCHER_ADMIN_TOKEN=TOKEN))
+        # Schemathesis sends invalid credentials on purpose and wants 401 for each: far
+        # more than the throttle lets through (tests/integration/test_trust_boundary.py).
+        daemon = DaemonProcess(process_env(
+            settings, MATCHER_ADMIN_TOKEN=TOKEN, MATCHER_ADMIN_AUTH_FAILURES_BURST="100000"
+        ))  # fmt: skip
         daemon.wait_ready()
         try:
             yield Admin(daemon.admin_url(), settings, daemon)

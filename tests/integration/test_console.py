@@ -22,7 +22,7 @@ from matcher.sdk import register_wait
 from tests.conftest import Services, own_database, own_settings
 from tests.helpers import DaemonProcess, event, process_env, produce, produce_raw, scalar
 
-TOKEN = "console-token-for-tests"
+TOKEN = "console-token-for-tests-0123456789abcdef"
 PAYLOAD = '"><img src=x onerror=alert(1)><script>alert(1)</script>'
 # A right-to-left override and a zero-width space: "exe.png" shown as "user\u202egnp.exe".
 BIDI = "user\u202egnp.exe\u200b"

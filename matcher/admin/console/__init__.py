@@ -3,6 +3,7 @@ no JavaScript (links and forms), strict security headers and CSRF-checked forms.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request, Response
@@ -13,6 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from matcher.admin.console import auth, pages
 from matcher.admin.console.render import HEADERS, BadRequest, html, stylesheet, url
 from matcher.admin.console.session import Sessions
+from matcher.admin.throttle import FailureThrottle
 
 if TYPE_CHECKING:
     from matcher.admin.http import AdminState
@@ -43,16 +45,18 @@ def _error(status: int, message: str) -> HTMLResponse:
     return html("error.html", {"csrf": "", "signed_in": False, "message": message}, status)
 
 
-def mount(app: FastAPI, state: AdminState) -> None:
+def mount(app: FastAPI, state: AdminState, throttle: FailureThrottle) -> None:
     sessions = Sessions.for_token(state.settings.admin_token)
+    # Signed-in sessions are kept in the database; an open console's are not.
+    access = auth.Access(sessions, None if sessions.open else state.pool, throttle)
     css = stylesheet()
 
     @app.get("/console/static/console.css", include_in_schema=False)
     async def console_css() -> Response:
         return Response(css, media_type="text/css")
 
-    app.include_router(auth.routes(sessions))
-    app.include_router(pages.routes(state, sessions))
+    app.include_router(auth.routes(access))
+    app.include_router(pages.routes(state, access))
     app.add_middleware(ConsoleHeaders)
 
     @app.exception_handler(auth.SignInRequired)
@@ -62,6 +66,12 @@ def mount(app: FastAPI, state: AdminState) -> None:
     @app.exception_handler(auth.Forbidden)
     async def forbidden(request: Request, exc: Any) -> Response:
         return _error(403, "Sign in again: this form is not valid without a fresh session.")
+
+    @app.exception_handler(auth.TooManyAttempts)
+    async def too_many(request: Request, exc: auth.TooManyAttempts) -> Response:
+        response = _error(429, "Too many failed attempts from this address: try again later.")
+        response.headers["Retry-After"] = str(math.ceil(exc.retry_after_s))
+        return response
 
     @app.exception_handler(BadRequest)
     async def bad_request(request: Request, exc: BadRequest) -> Response:

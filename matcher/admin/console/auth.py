@@ -1,17 +1,27 @@
 """Who is asking: a console session (cookie), or the admin token as a bearer header (for
-curl); the sign-in and sign-out routes; CSRF on every POST."""
+curl); the sign-in and sign-out routes; CSRF on every POST; failed attempts throttled."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import RedirectResponse
+from psycopg_pool import AsyncConnectionPool
 
 from matcher.admin.console.render import BadRequest, html, url
-from matcher.admin.console.session import COOKIE, SESSION_S, Sessions, csrf_token
+from matcher.admin.console.session import (
+    COOKIE,
+    SESSION_S,
+    Sessions,
+    csrf_token,
+    expires_at,
+    session_id,
+)
+from matcher.admin.throttle import FailureThrottle
+from matcher.store import console_sessions
 
 MAX_FORM_BYTES = 64 * 1024
 
@@ -27,6 +37,48 @@ class Visitor:
         return csrf_token(self.session) if self.session else ""
 
 
+@dataclass(frozen=True)
+class Access:
+    """What decides who may use the console: the cookie's keys, where signed-in sessions
+    are kept (None: an open console, whose sessions are not kept), and the throttle on
+    failed attempts (shared with /v1's bearer check)."""
+
+    sessions: Sessions
+    pool: AsyncConnectionPool | None
+    throttle: FailureThrottle = field(default_factory=FailureThrottle)
+
+    async def kept(self, cookie: str) -> bool:
+        if self.pool is None:
+            return True
+        async with self.pool.connection() as conn:
+            return await console_sessions.session_open(conn, session_id(cookie))
+
+    async def keep(self, cookie: str) -> None:
+        if self.pool is not None:
+            async with self.pool.connection() as conn:
+                await console_sessions.open_session(conn, session_id(cookie), expires_at(cookie))
+
+    async def forget(self, cookie: str) -> None:
+        if self.pool is not None:
+            async with self.pool.connection() as conn:
+                await console_sessions.close_session(conn, session_id(cookie))
+
+    def token_matches(self, request: Request, given: str) -> bool:
+        """The admin token compared, unless this address failed too often (429)."""
+        client = client_address(request)
+        wait = self.throttle.retry_after(client)
+        if wait is not None:
+            raise TooManyAttempts(wait)
+        if self.sessions.token_matches(given):
+            return True
+        self.throttle.failed(client)
+        return False
+
+
+def client_address(request: Request) -> str:
+    return request.client.host if request.client is not None else "unknown"
+
+
 class SignInRequired(Exception):
     def __init__(self, next_path: str) -> None:
         self.next_path = next_path
@@ -36,21 +88,28 @@ class Forbidden(Exception):
     pass
 
 
-def identify(sessions: Sessions, request: Request) -> Visitor | None:
+class TooManyAttempts(Exception):
+    def __init__(self, retry_after_s: float) -> None:
+        self.retry_after_s = retry_after_s
+
+
+async def identify(access: Access, request: Request) -> Visitor | None:
+    sessions = access.sessions
     authorization = request.headers.get("authorization", "")
     if not sessions.open and authorization[:7].lower() == "bearer ":
-        return Visitor(None) if sessions.token_matches(authorization[7:].strip()) else None
+        matches = access.token_matches(request, authorization[7:].strip())
+        return Visitor(None) if matches else None
     cookie = request.cookies.get(COOKIE)
-    if cookie and sessions.valid(cookie):
+    if cookie and sessions.valid(cookie) and await access.kept(cookie):
         return Visitor(cookie)
     if sessions.open and request.method == "GET":
         return Visitor(sessions.issue(), new=True, secure=request.url.scheme == "https")
     return None
 
 
-def require(sessions: Sessions, request: Request) -> Visitor:
+async def require(access: Access, request: Request) -> Visitor:
     """The visitor of a GET, or a redirect to the sign-in page."""
-    visitor = identify(sessions, request)
+    visitor = await identify(access, request)
     if visitor is None:
         here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         raise SignInRequired(here)
@@ -79,12 +138,10 @@ async def form(request: Request) -> dict[str, list[str]]:
         raise BadRequest("the form is not readable") from None
 
 
-async def require_post(
-    sessions: Sessions, request: Request
-) -> tuple[Visitor, dict[str, list[str]]]:
+async def require_post(access: Access, request: Request) -> tuple[Visitor, dict[str, list[str]]]:
     """The visitor of a POST and its form: a session with its CSRF token, or the bearer
     header; anything else is 403."""
-    visitor = identify(sessions, request)
+    visitor = await identify(access, request)
     if visitor is None:
         raise Forbidden
     try:
@@ -93,7 +150,7 @@ async def require_post(
         if visitor.session is not None:
             raise Forbidden from None  # no readable CSRF token
         raise
-    if visitor.session is not None and not sessions.csrf_ok(visitor.session, first(fields, "csrf")):
+    if visitor.session is not None and not Sessions.csrf_ok(visitor.session, first(fields, "csrf")):
         raise Forbidden
     return visitor, fields
 
@@ -133,8 +190,9 @@ def _sign_in_form(next_path: str, error: str | None, status: int) -> Response:
     )
 
 
-def routes(sessions: Sessions) -> APIRouter:
+def routes(access: Access) -> APIRouter:
     router = APIRouter(include_in_schema=False)
+    sessions = access.sessions
 
     @router.get("/console/sign-in")
     async def sign_in_page(request: Request) -> Response:
@@ -148,17 +206,21 @@ def routes(sessions: Sessions) -> APIRouter:
         next_path = safe_next(first(fields, "next"))
         if sessions.open:
             return RedirectResponse(next_path, 303)
-        if not sessions.token_matches(first(fields, "token") or ""):
+        if not access.token_matches(request, first(fields, "token") or ""):
             return _sign_in_form(next_path, "That token is not valid.", 401)
         response = RedirectResponse(next_path, 303)
+        session = sessions.issue()
+        await access.keep(session)
         # uvicorn takes the scheme from X-Forwarded-Proto only from a proxy it trusts
         # (FORWARDED_ALLOW_IPS, by default 127.0.0.1), so a client cannot claim https.
-        set_session(response, request.url.scheme == "https", sessions.issue())
+        set_session(response, request.url.scheme == "https", session)
         return response
 
     @router.post("/console/sign-out")
     async def sign_out(request: Request) -> Response:
-        await require_post(sessions, request)
+        visitor, _ = await require_post(access, request)
+        if visitor.session is not None:
+            await access.forget(visitor.session)  # ended wherever the cookie was copied
         response = RedirectResponse(url("/console/sign-in"), 303)
         response.delete_cookie(COOKIE, path="/console", httponly=True, samesite="strict")
         return response

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request, Response
 
 from matcher.admin.console import verdicts
 from matcher.admin.console.auth import (
+    Access,
     Visitor,
     context,
     first,
@@ -18,10 +19,9 @@ from matcher.admin.console.auth import (
 from matcher.admin.console.preview import headers, show
 from matcher.admin.console.render import BadRequest, choice, html, ident, pager, paging
 from matcher.admin.console.replaying import replay_records
-from matcher.admin.console.session import Sessions
 from matcher.admin.console.timeline import timeline
 from matcher.admin.explain import explain_run
-from matcher.domain.events import REASONS
+from matcher.domain.events import BIGINT_MAX, REASONS
 from matcher.domain.explain import Verdict
 from matcher.domain.waits import Wait, WaitState
 from matcher.store import console as store
@@ -39,17 +39,17 @@ RESOLVED_STATE = {
 }
 
 
-def routes(state: AdminState, sessions: Sessions) -> APIRouter:
+def routes(state: AdminState, access: Access) -> APIRouter:
     router = APIRouter(include_in_schema=False)
 
     @router.get("/console")
     async def overview_page(request: Request) -> Response:
-        visitor = require(sessions, request)
+        visitor = await require(access, request)
         found = await verdicts.summary(state.settings, state.pool)
         return _page(
             visitor,
             "overview.html",
-            open_console=sessions.open,
+            open_console=access.sessions.open,
             summary=found,
             total_lag=None if found.lag is None else sum(found.lag.values()),
             oldest_waiting=verdicts.OLDEST_WAITING,
@@ -58,27 +58,27 @@ def routes(state: AdminState, sessions: Sessions) -> APIRouter:
 
     @router.get("/console/runs")
     async def runs_page(request: Request) -> Response:
-        visitor = require(sessions, request)
+        visitor = await require(access, request)
         return await _runs(state, visitor, request)
 
     @router.get("/console/runs/{run_id:path}")
     async def run_page(request: Request, run_id: str) -> Response:
-        visitor = require(sessions, request)
+        visitor = await require(access, request)
         return await _run(state, visitor, run_id, ident(request.query_params, "tenant"))
 
     @router.get("/console/events")
     async def events_page(request: Request) -> Response:
-        visitor = require(sessions, request)
+        visitor = await require(access, request)
         return await _events(state, visitor, request)
 
     @router.get("/console/quarantine")
     async def quarantine_page(request: Request) -> Response:
-        visitor = require(sessions, request)
+        visitor = await require(access, request)
         return await _quarantine(state, visitor, request)
 
     @router.post("/console/quarantine/replay")
     async def replay_page(request: Request) -> Response:
-        visitor, fields = await require_post(sessions, request)
+        visitor, fields = await require_post(access, request)
         return await _replay(state, visitor, fields)
 
     return router
@@ -246,6 +246,8 @@ async def _replay(state: AdminState, visitor: Visitor, fields: dict[str, list[st
         ids = sorted({int(v) for v in fields.get("ids", [])})
     except ValueError:
         raise BadRequest("ids must be quarantine ids") from None
+    if any(not 1 <= i <= BIGINT_MAX for i in ids):
+        raise BadRequest(f"ids must be quarantine ids (whole numbers from 1 to {BIGINT_MAX})")
     reason = choice({"reason": first(fields, "reason")}, "reason", list(REASONS))
     if not ids and reason is None:
         raise BadRequest("select records, or filter by a reason, to replay")

@@ -1,8 +1,10 @@
 """Console sessions: an expiring HMAC-signed cookie, and the CSRF token derived from it.
 
 The signing key is derived from the admin token, so rotating the token signs everyone
-out. Without an admin token the console is open, like /v1: a visitor gets a session
-anyway (signed with a key of this process), so that forms still carry a CSRF token.
+out. A signed-in session is also kept server-side (``matcher.store.console_sessions``,
+by ``session_id``), so that signing out ends it wherever the cookie was copied. Without
+an admin token the console is open, like /v1: a visitor gets a session anyway (signed
+with a key of this process, not stored), so that forms still carry a CSRF token.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import hmac
 import secrets
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from pydantic import SecretStr
 
@@ -21,6 +24,16 @@ SESSION_S = 8 * 3600
 
 def _mac(key: bytes, message: str) -> str:
     return hmac.new(key, message.encode(), hashlib.sha256).hexdigest()
+
+
+def session_id(session: str) -> bytes:
+    """What the server keeps of a session: a digest of its signed body (never the cookie)."""
+    return hashlib.sha256(session.rpartition(".")[0].encode()).digest()
+
+
+def expires_at(session: str) -> datetime:
+    """When a session (checked ``valid``) expires."""
+    return datetime.fromtimestamp(int(session.partition(".")[0]), UTC)
 
 
 def csrf_token(session: str) -> str:
