@@ -5,22 +5,31 @@ from __future__ import annotations
 
 import base64
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.exceptions import InvalidSignature
 from matcher_producer import CompletionEvent as ProducerEvent
 from matcher_producer import SigningKey, binary_content, encode, sign_record
 from standardwebhooks import Webhook
 
+from matcher.auth.gate import judge, stale_at
 from matcher.auth.policy import Policy
-from matcher.auth.registry import Registry, parse_registry
+from matcher.auth.registry import Registry, RegistryError, parse_registry
+from matcher.auth.signatures import (
+    MAX_ASYMMETRIC_SIGNATURES,
+    MAX_KEYS_PER_PRODUCER,
+    VerifyingKey,
+    signed_bytes,
+    verify,
+)
 from matcher.auth.signatures import binary_content as daemon_binary_content
-from matcher.auth.signatures import signed_bytes
 from matcher.domain.events import REASONS, CompletionEvent, Rejection
 from matcher.wire_schemas import generate
-from tests.helpers import parse_record
+from tests.helpers import parse_record, raw
 
 SCHEMAS = Path(__file__).parents[2] / "schemas"
 VECTORS: list[dict[str, Any]] = json.loads((SCHEMAS / "signature-vectors.json").read_text())[
@@ -271,6 +280,22 @@ def test_freshness_is_judged_against_arrival_not_reading() -> None:
     assert _reason(BINARY, now=arrived) is None
 
 
+def test_freshness_again_at_the_brokers_append_time() -> None:
+    """The ingress accepts at the body's arrival and asks again with the broker's append
+    time, the arrival the daemon will judge by: past the tolerance there, it refuses."""
+    registry = _registry(BINARY["verifying_key"])
+    producer = registry.producers["billing-svc"]
+    tolerance = Policy().timestamp_tolerance
+    record = raw(_signed_headers(BINARY), None, BINARY["value_utf8"].encode(), _at(BINARY))
+    assert isinstance(judge(record, registry, Policy()), CompletionEvent)
+    inside = replace(record, arrived_at=_at(BINARY) + tolerance)
+    assert stale_at(inside, producer, Policy()) is None
+    outside = replace(record, arrived_at=_at(BINARY) + tolerance + timedelta(seconds=1))
+    refused = stale_at(outside, producer, Policy())
+    assert refused is not None
+    assert refused.reason == "expired_timestamp"
+
+
 def test_every_reason_code_is_documented_in_the_readme() -> None:
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     table = readme[readme.index("| reason | what it means |") :].split("\n\n", 1)[0]
@@ -289,3 +314,38 @@ def test_a_claimed_id_that_cannot_be_encoded_is_refused_not_raised() -> None:
     value = STRUCTURED_ED["value_utf8"].replace('"evt-0001"', '"\\udc00"').encode()
     headers = {**dict(_signed_headers(STRUCTURED_ED)), "webhook-id": b"x"}
     assert _reason(STRUCTURED_ED, value=value, headers=headers) == "malformed"
+
+
+class _CountingKey:
+    """An Ed25519 public key that counts its verifications (and verifies nothing)."""
+
+    calls = 0
+
+    def verify(self, signature: bytes, message: bytes) -> None:
+        _CountingKey.calls += 1
+        raise InvalidSignature
+
+
+@pytest.mark.parametrize("keys", [1, 2, 4])
+@pytest.mark.parametrize("entries", [1, 4, 8, 100])
+def test_refusing_a_record_costs_a_bounded_number_of_verifications(keys: int, entries: int) -> None:
+    # Once every entry was tried against every key: 8 crafted entries against a producer
+    # with 32 keys cost 256 Ed25519 verifications (45 ms) per keyless record.
+    counting = [
+        VerifyingKey(f"k{n}", ed25519_public_key=_CountingKey())  # type: ignore[arg-type]
+        for n in range(keys)
+    ]
+    offered = [(b"v1a", bytes([n % 256]) * 64) for n in range(entries)]
+    _CountingKey.calls = 0
+    assert verify(offered, b"message", counting) is None
+    assert _CountingKey.calls == min(entries, MAX_ASYMMETRIC_SIGNATURES) * keys
+    assert _CountingKey.calls <= MAX_ASYMMETRIC_SIGNATURES * MAX_KEYS_PER_PRODUCER == 16
+
+
+def test_a_producer_lists_at_most_four_keys() -> None:
+    keys = "".join(
+        f'[[producers.p.keys]]\nid = "k{n}"\nhmac_secret = "whsec_QUJDREVGR0g="\n' for n in range(5)
+    )
+    text = f'[producers.p]\ntenants = ["acme"]\ntypes = ["t"]\n{keys}'
+    with pytest.raises(RegistryError, match="5 keys; a producer has at most 4"):
+        parse_registry(text, Path("."))
