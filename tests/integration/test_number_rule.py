@@ -1,5 +1,6 @@
 """The number rule, end to end: every number the gate accepts is stored by Postgres and
-read back, from the inbox and from the resume matcher builds, as the same number.
+read back, from the inbox and from the resume matcher builds, as the same number; and any
+record the gate accepts is stored and read back with the same meaning.
 
 The numbers come from the fuzz generator's boundary texts (``tests.fuzzing.numbers``):
 digit counts around a double's precision and range, exponents around the largest and the
@@ -29,6 +30,8 @@ from matcher.store.ingest import IngestRecord, store_batch
 from matcher.store.sql import query
 from tests.fuzzing.choosers import HypothesisChooser
 from tests.fuzzing.numbers import number_text
+from tests.fuzzing.records import fuzz_record
+from tests.fuzzing.target import judge_record
 from tests.helpers import env_flag, parse_record, rematch_all
 
 EXAMPLES = env_flag("MATCHER_TEST_PROPERTY_EXAMPLES", 150)
@@ -114,3 +117,47 @@ def test_every_accepted_number_reads_back_the_same_from_postgres(
         assert _decimals(read_back) == _decimals(verdict.data), (number, read_back)
         assert _decimals(read_back) == {"n": Decimal(number), "list": [Decimal(number), 1]}
     assert _decimals(written) == _decimals(verdict.data)
+
+
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
+)
+@given(data=st.data())
+def test_every_accepted_record_reads_back_the_same_from_postgres(
+    settings: Settings, data: st.DataObject
+) -> None:
+    """Any record the fuzz generator makes (valid ones mutated, signed again, given hostile
+    attributes and numbers): what the gate accepts, Postgres stores, and the inbox reads
+    back with the same attributes and the same data."""
+    record = fuzz_record(HypothesisChooser(data))
+    verdict = judge_record(record.key, record.headers, record.value)
+    if not isinstance(verdict, CompletionEvent):
+        return
+    offset = uuid.uuid4().int >> 66
+    stored = IngestRecord("t", 0, offset, record.key, record.value, record.headers, verdict)
+    url = settings.database_url.get_secret_value()
+    with psycopg.connect(url, autocommit=True) as conn:
+        for table in ("inbox", "event_ids"):  # examples reuse ids: each is stored anew
+            conn.execute(
+                f"DELETE FROM matcher.{table} WHERE producer = %s AND event_id = %s",
+                [verdict.source, verdict.id],
+            )
+        _store(settings, stored)  # raises if Postgres refuses what the gate accepted
+        row = conn.execute(
+            "SELECT tenant, type, correlation_id, external_job_id, occurred_at, data::text "
+            "FROM matcher.inbox WHERE producer = %s AND event_id = %s",
+            [verdict.source, verdict.id],
+        ).fetchone()
+    assert row is not None
+    tenant, type_, correlation, job, occurred, text = row
+    assert (tenant, type_, correlation, job) == (
+        verdict.tenant, verdict.type, verdict.correlationid, verdict.jobid,
+    )  # fmt: skip
+    assert occurred == verdict.time
+    assert _decimals(json.loads(text)) == _decimals(verdict.data)
