@@ -33,9 +33,18 @@ from matcher.ingress.metrics import (
     CONNECTIONS_EVICTED,
     REGISTRY_RELOAD_FAILING,
     REGISTRY_RELOADS,
+    REQUESTS,
+    UNKNOWN_PRODUCER,
 )
 
 log = logging.getLogger("matcher.ingress")
+
+
+_OVERLOADED = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+    b"retry-after: 1\r\nconnection: close\r\ncontent-length: 23\r\n\r\n"
+    b'{"reason":"overloaded"}'
+)
 
 
 class _BoundedProtocol(H11Protocol):
@@ -54,24 +63,29 @@ class _BoundedProtocol(H11Protocol):
 
     header_timeout_s = 10.0  # set per server by ``_protocol``
     max_connections = 1024
-    # The connections waiting on their client, the longest-waiting first (one per server).
+    # The open connections, counted here rather than by uvicorn (whose count keeps an
+    # evicted connection until its close completes), and those waiting on their client,
+    # the longest-waiting first (both per server).
+    live: ClassVar[set[_BoundedProtocol]] = set()
     waiting: ClassVar[dict[_BoundedProtocol, None]] = {}
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._deadline: asyncio.TimerHandle | None = None
         self._arm()
+        self.live.add(self)
         self._wait_on_client()
-        if len(self.connections) > self.max_connections:
-            self._evict_one()
+        self._over_bound = len(self.live) > self.max_connections and not self._evict_one()
 
-    def _evict_one(self) -> None:
+    def _evict_one(self) -> bool:
         victim = next((c for c in self.waiting if c is not self), None)
         if victim is None:
-            return  # every other connection is busy: uvicorn answers this one 503
+            return False  # every other connection is busy
         del self.waiting[victim]
+        self.live.discard(victim)
         victim.transport.close()
         CONNECTIONS_EVICTED.inc()
+        return True
 
     def _wait_on_client(self) -> None:
         self.waiting.pop(self, None)
@@ -95,6 +109,12 @@ class _BoundedProtocol(H11Protocol):
             self.transport.close()
 
     def data_received(self, data: bytes) -> None:
+        if self._over_bound:  # past the bound with every connection busy: 503, closed
+            if not self.transport.is_closing():
+                REQUESTS.labels(UNKNOWN_PRODUCER, "overloaded").inc()
+                self.transport.write(_OVERLOADED)
+                self.transport.close()
+            return
         if self._between_requests() and self._deadline is None:
             self._arm()  # the next request's headers have begun
             self._wait_on_client()  # its wait counts from its first byte
@@ -112,6 +132,7 @@ class _BoundedProtocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self.waiting.pop(self, None)
+        self.live.discard(self)
         super().connection_lost(exc)
 
 
@@ -119,7 +140,12 @@ def _protocol(header_timeout_s: float, max_connections: int) -> type[H11Protocol
     return type(
         "IngressH11Protocol",
         (_BoundedProtocol,),
-        {"header_timeout_s": header_timeout_s, "max_connections": max_connections, "waiting": {}},
+        {
+            "header_timeout_s": header_timeout_s,
+            "max_connections": max_connections,
+            "live": set(),
+            "waiting": {},
+        },
     )
 
 
@@ -141,8 +167,9 @@ def _uvicorn_config(settings: IngressSettings, app: Any) -> uvicorn.Config:
         lifespan="off",
         server_header=False,
         date_header=True,
-        # One above the bound: a connection past it evicts a waiting one first (above).
-        limit_concurrency=settings.ingress_max_connections + 1,
+        # The bound is kept by _BoundedProtocol (eviction, then 503): uvicorn's own count
+        # keeps an evicted connection until its close completes, and would refuse others.
+        limit_concurrency=None,
         timeout_keep_alive=5,
         timeout_graceful_shutdown=math.ceil(settings.ingress_drain_timeout_s),
         h11_max_incomplete_event_size=settings.max_header_bytes,
