@@ -23,7 +23,7 @@ from pathlib import Path
 from aiokafka.admin import AIOKafkaAdminClient
 
 from matcher.devstack.stack import Devstack
-from matcher.kafka.bounded import close_admin
+from matcher.kafka.deadlines import close_admin
 from matcher.kafka.topics import topic_configs
 
 BROKERS = 3

@@ -119,7 +119,7 @@ async def wait_for(
     raise PeerUnavailable(f"{what} not ready within {within_s:.0f}s (last: {last!r})")
 
 
-async def bounded(count: int, call: Callable[[int], Awaitable[Any]]) -> list[Any]:
+async def few_at_a_time(count: int, call: Callable[[int], Awaitable[Any]]) -> list[Any]:
     """``call(i)`` for every i < count, CONCURRENCY at a time; the results in order."""
     limit = asyncio.Semaphore(CONCURRENCY)
 

@@ -39,7 +39,7 @@ from bench.peers import (
     PAYLOAD,
     PeerUnavailable,
     Server,
-    bounded,
+    few_at_a_time,
     free_port,
     paced,
     peer_main,
@@ -144,7 +144,7 @@ class Restate:
     async def start_runs(self, service: str, count: int) -> tuple[str, list[str]]:
         prefix = uuid.uuid4().hex[:8]
         keys = [f"{prefix}-{i}" for i in range(count)]
-        await bounded(count, lambda i: self.post(f"/{service}/{keys[i]}/run/send"))
+        await few_at_a_time(count, lambda i: self.post(f"/{service}/{keys[i]}/run/send"))
         await self.wait_status(service, prefix, "suspended", count)
         return prefix, keys
 
@@ -169,7 +169,7 @@ class Restate:
     async def promises(self, n: int) -> dict[str, float]:
         prefix, keys = await self.start_runs("BenchWaiter", n)
         cpu0, started = self._cpu(), time.time()
-        await bounded(n, lambda i: self.post(f"/BenchWaiter/{keys[i]}/complete", PAYLOAD))
+        await few_at_a_time(n, lambda i: self.post(f"/BenchWaiter/{keys[i]}/complete", PAYLOAD))
         return await self._window(started, cpu0, "BenchWaiter", prefix, n)
 
     async def awakeables(self, n: int) -> dict[str, float]:
@@ -182,7 +182,9 @@ class Restate:
         ids = [json.loads(r["id"]) for r in rows]
         assert len(ids) == n, f"{len(ids)} awakeable ids for {n} runs"
         cpu0, started = self._cpu(), time.time()
-        await bounded(n, lambda i: self.post(f"/restate/awakeables/{ids[i]}/resolve", PAYLOAD))
+        await few_at_a_time(
+            n, lambda i: self.post(f"/restate/awakeables/{ids[i]}/resolve", PAYLOAD)
+        )
         return await self._window(started, cpu0, "BenchAwakeable", prefix, n)
 
     async def early(self, n: int) -> dict[str, float]:
@@ -190,8 +192,8 @@ class Restate:
         prefix = uuid.uuid4().hex[:8]
         keys = [f"{prefix}-{i}" for i in range(n)]
         cpu0, started = self._cpu(), time.time()
-        await bounded(n, lambda i: self.post(f"/BenchWaiter/{keys[i]}/complete", PAYLOAD))
-        await bounded(n, lambda i: self.post(f"/BenchWaiter/{keys[i]}/run/send"))
+        await few_at_a_time(n, lambda i: self.post(f"/BenchWaiter/{keys[i]}/complete", PAYLOAD))
+        await few_at_a_time(n, lambda i: self.post(f"/BenchWaiter/{keys[i]}/run/send"))
         return await self._window(started, cpu0, "BenchWaiter", prefix, n)
 
     async def latency(self, rate: int, seconds: float) -> dict[str, float]:

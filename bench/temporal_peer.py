@@ -33,7 +33,7 @@ from bench.peers import (
     PAYLOAD,
     PeerUnavailable,
     Server,
-    bounded,
+    few_at_a_time,
     free_port,
     paced,
     peer_main,
@@ -91,7 +91,7 @@ class Peer:
 
     async def start_waiters(self, count: int) -> list[Handle]:
         prefix = uuid.uuid4().hex[:8]
-        handles: list[Handle] = await bounded(
+        handles: list[Handle] = await few_at_a_time(
             count,
             lambda i: self.client.start_workflow(
                 Waiter.run, id=f"wait-{prefix}-{i}", task_queue=self.task_queue
@@ -100,7 +100,7 @@ class Peer:
         pending = list(handles)
 
         async def all_waiting() -> bool:
-            described = await bounded(len(pending), lambda i: pending[i].describe())
+            described = await few_at_a_time(len(pending), lambda i: pending[i].describe())
             pending[:] = [
                 h for h, d in zip(pending, described, strict=True)
                 if d.history_length < WAITING_HISTORY
@@ -111,7 +111,7 @@ class Peer:
         return handles
 
     async def close_times(self, handles: list[Handle]) -> list[float]:
-        described = await bounded(len(handles), lambda i: handles[i].describe())
+        described = await few_at_a_time(len(handles), lambda i: handles[i].describe())
         closed = [d.close_time for d in described]
         assert all(c is not None for c in closed)
         return [c.timestamp() for c in closed if c is not None]
@@ -121,7 +121,7 @@ class Peer:
     ) -> dict[str, float]:
         """Once every workflow completed: the CPU since ``cpu0``, read before the close
         times are asked for, and the seconds from ``started`` to the last close."""
-        await bounded(len(handles), lambda i: handles[i].result())
+        await few_at_a_time(len(handles), lambda i: handles[i].result())
         server, own = self.server.cpu() - cpu0[0], own_cpu_s() - cpu0[1]
         wall = time.time() - started
         ends = await self.close_times(handles)
@@ -134,14 +134,14 @@ class Peer:
         handles = await self.start_waiters(n)
         cpu0 = (self.server.cpu(), own_cpu_s())
         started = time.time()
-        await bounded(n, lambda i: handles[i].signal(Waiter.completion, PAYLOAD))
+        await few_at_a_time(n, lambda i: handles[i].signal(Waiter.completion, PAYLOAD))
         return await self._window(started, cpu0, handles)
 
     async def signal_with_start(self, n: int) -> dict[str, float]:
         prefix = uuid.uuid4().hex[:8]
         cpu0 = (self.server.cpu(), own_cpu_s())
         started = time.time()
-        handles: list[Handle] = await bounded(
+        handles: list[Handle] = await few_at_a_time(
             n,
             lambda i: self.client.start_workflow(
                 Waiter.run,
@@ -159,7 +159,7 @@ class Peer:
         due, achieved = await paced(
             count, rate, lambda i: handles[i].signal(Waiter.completion, PAYLOAD)
         )
-        await bounded(count, lambda i: handles[i].result())
+        await few_at_a_time(count, lambda i: handles[i].result())
         ends = await self.close_times(handles)
         found = percentiles([end - at for end, at in zip(ends, due, strict=True)])
         return {**found, "sent_per_s": achieved}

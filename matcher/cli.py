@@ -1232,8 +1232,8 @@ def quarantine_replay(
     A record is judged as of when it first arrived (signature timestamps included)."""
     from matcher.admin.filters import QuarantineFilters
     from matcher.auth.gate import judge as gate_judge
-    from matcher.auth.record import RawRecord
     from matcher.auth.registry import Registry, RegistryError, load_registry
+    from matcher.domain.records import RawRecord
     from matcher.store.replay import replay
 
     if (record_id is None) == (reason is None):

@@ -110,7 +110,8 @@ def _vectors() -> str:
 
 
 def _openapi() -> str:
-    from matcher.admin.http import AdminState, create_app
+    from matcher.admin.http import create_app
+    from matcher.admin.state import AdminState
     from matcher.config import Settings
 
     async def unused() -> bool:

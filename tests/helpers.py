@@ -5,7 +5,7 @@ deadline instead of sleeping.
 Every Kafka client call made here (start, send, flush, commit, stop) is bounded in time
 (``KAFKA_CALL_TIMEOUT_S``): aiokafka's idempotent producer never gives up on a batch while
 the broker keeps failing it, and its ``stop()`` waits for every pending batch (see
-matcher.kafka.bounded), so an unbounded call could hang a test for ever. Tests that make
+matcher.kafka.deadlines), so an unbounded call could hang a test for ever. Tests that make
 their own clients use ``started`` and ``bounded``.
 """
 
@@ -40,17 +40,16 @@ from psycopg_pool import AsyncConnectionPool
 
 from matcher.auth.gate import judge
 from matcher.auth.policy import Policy
-from matcher.auth.record import RawRecord
 from matcher.auth.registry import Registry
 from matcher.config import Settings
 from matcher.daemon import app as daemon_app
 from matcher.daemon.ingest import Ingest
 from matcher.domain.events import CompletionEvent, Rejection
+from matcher.domain.records import IngestRecord, RawRecord
 from matcher.domain.resume import ResumeData
 from matcher.domain.waits import WaitSpec
-from matcher.kafka.bounded import start_consumer, start_producer, stop_consumer, stop_producer
+from matcher.kafka.deadlines import start_consumer, start_producer, stop_consumer, stop_producer
 from matcher.sdk import advance, parse_resume, register_wait
-from matcher.store.ingest import IngestRecord
 from matcher.store.rematch import rematch_once
 
 T = TypeVar("T")
@@ -61,7 +60,7 @@ T = TypeVar("T")
 KAFKA_CALL_TIMEOUT_S = 30.0
 
 
-async def bounded(awaitable: Awaitable[T], timeout: float = KAFKA_CALL_TIMEOUT_S) -> T:
+async def within(awaitable: Awaitable[T], timeout: float = KAFKA_CALL_TIMEOUT_S) -> T:
     """``await awaitable``, or TimeoutError after ``timeout`` seconds."""
     async with asyncio.timeout(timeout):
         return await awaitable
@@ -169,7 +168,7 @@ async def produce_raw(
     """Send (key, headers, value) exactly as given, in order, each within ``timeout``."""
     async with started(events_producer(settings), timeout) as producer:
         for key, headers, value in messages:
-            await bounded(
+            await within(
                 producer.send_and_wait(settings.events_topic, value, key=key, headers=headers),
                 timeout,
             )
@@ -507,11 +506,11 @@ async def read_resume_messages(
             TopicPartition(settings.resume_topic, p) for p in range(settings.topic_partitions)
         ]
         consumer.assign(partitions)
-        await bounded(consumer.seek_to_beginning(*partitions))
+        await within(consumer.seek_to_beginning(*partitions))
         deadline = time.monotonic() + timeout
         quiet_since = time.monotonic()
         while time.monotonic() < deadline:
-            batch = await bounded(consumer.getmany(timeout_ms=100))
+            batch = await within(consumer.getmany(timeout_ms=100))
             got = [r.value for records in batch.values() for r in records]
             found.extend(value for value in got if keep(value))
             if got:

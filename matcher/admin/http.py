@@ -6,7 +6,6 @@
 import hmac
 import math
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -15,7 +14,6 @@ from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Req
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel
 
 from matcher import __version__
@@ -28,6 +26,7 @@ from matcher.admin.filters import (
     WaitFilters,
     page,
 )
+from matcher.admin.state import AdminState
 from matcher.admin.throttle import FailureThrottle
 from matcher.config import Settings
 from matcher.domain.events import QuarantinedRecord, StoredEvent
@@ -36,16 +35,6 @@ from matcher.domain.waits import Wait
 from matcher.store import session
 from matcher.store.explain import AmbiguousRun, UnknownRun
 from matcher.store.views import View, view_rows_async
-
-
-@dataclass
-class AdminState:
-    settings: Settings
-    pool: AsyncConnectionPool
-    # Readiness of the Kafka side: partitions this daemon's consumer holds (None: not
-    # in the group yet).
-    assigned_partitions: Callable[[], int | None]
-    kafka_reachable: Callable[[], Awaitable[bool]]
 
 
 class Health(BaseModel):

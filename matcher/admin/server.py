@@ -9,7 +9,8 @@ from collections.abc import Generator
 
 import uvicorn
 
-from matcher.admin.http import AdminState, create_app
+from matcher.admin.http import create_app
+from matcher.admin.state import AdminState
 
 log = logging.getLogger("matcher.admin")
 

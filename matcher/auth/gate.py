@@ -23,7 +23,7 @@ from datetime import UTC
 from pydantic import ValidationError
 
 from matcher.auth.policy import Policy
-from matcher.auth.record import Claim, RawRecord, View, claim, parse_time, read_view
+from matcher.auth.record import Claim, View, claim, parse_time, read_view
 from matcher.auth.registry import Producer, Registry, Webhook
 from matcher.auth.signatures import (
     TooManySignatures,
@@ -48,6 +48,7 @@ from matcher.domain.events import (
     Rejection,
     seen_attributes,
 )
+from matcher.domain.records import RawRecord
 
 _UNIX_SECONDS = re.compile(rb"[0-9]{1,12}")
 # No header name is anywhere near this; a bound keeps the look-alike check cheap.

@@ -38,8 +38,7 @@ from typing import Any
 from matcher.auth.strict_json import JsonRefused, loads
 from matcher.auth.webhooks import GITHUB_SIGNATURE, STRIPE_SIGNATURE, WEBHOOK_HEADER
 from matcher.domain.events import Rejection, summary_storable, unstorable
-
-Header = tuple[bytes, bytes | None]
+from matcher.domain.records import Header, RawRecord
 
 CONTENT_TYPE = b"content-type"
 WEBHOOK_HEADERS = (b"webhook-id", b"webhook-timestamp", b"webhook-signature")
@@ -65,20 +64,6 @@ _MEDIA_TYPE = re.compile(r"[a-z0-9][a-z0-9!#$&^_.+-]*/[a-z0-9][a-z0-9!#$&^_.+-]*
 _RFC3339 = re.compile(
     r"(\d{4}-\d{2}-\d{2})[Tt](\d{2}:\d{2}:\d{2})(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})"
 )
-
-
-@dataclass(frozen=True)
-class RawRecord:
-    """A record as its transport delivered it, and when it reached that transport.
-
-    ``arrived_at`` is the broker's append time for Kafka (``LogAppendTime`` topics), the
-    request's arrival for HTTP: the honest time to judge a signature's freshness against.
-    """
-
-    key: bytes | None
-    headers: tuple[Header, ...]
-    value: bytes | None
-    arrived_at: datetime
 
 
 @dataclass(frozen=True)

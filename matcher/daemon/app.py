@@ -19,19 +19,20 @@ from dataclasses import dataclass
 from aiokafka.admin import AIOKafkaAdminClient
 from psycopg_pool import AsyncConnectionPool
 
-from matcher.admin.http import AdminState
+from matcher import metrics
 from matcher.admin.server import AdminServer
+from matcher.admin.state import AdminState
 from matcher.auth.registry import RegistryError
+from matcher.auth.registry_watch import RegistryHolder
 from matcher.config import Settings
 from matcher.daemon import stats
 from matcher.daemon.ingest import Ingest
 from matcher.daemon.janitor import Janitor
 from matcher.daemon.notifications import listen
-from matcher.daemon.registry_watch import RegistryHolder
 from matcher.daemon.relay import Relay
 from matcher.daemon.rematch import Rematch
 from matcher.daemon.sweeper import Sweeper
-from matcher.kafka.bounded import close_admin
+from matcher.kafka.deadlines import close_admin
 from matcher.kafka.topics import TIMESTAMP_TYPE, events_timestamp_type
 from matcher.store.isolation import read_committed
 
@@ -150,7 +151,12 @@ async def _preflight(settings: Settings) -> RegistryHolder:
     if missing:
         raise StartupError(f"topics {', '.join(missing)} do not exist: run `matcher migrate` first")
     await _warn_on_create_time(settings)
-    registry = RegistryHolder(settings)
+    registry = RegistryHolder(
+        settings.producers_file,
+        settings.producers_reload_interval_s,
+        metrics.REGISTRY_RELOADS,
+        metrics.REGISTRY_RELOAD_FAILING,
+    )
     try:
         registry.load_initial()
     except RegistryError as exc:

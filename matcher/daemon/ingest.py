@@ -27,22 +27,23 @@ from matcher import metrics
 from matcher.auth.gate import judge
 from matcher.auth.policy import Policy
 from matcher.auth.registry import Registry
+from matcher.auth.registry_watch import RegistryHolder
 from matcher.config import Settings
 from matcher.daemon.faults import crash_point
-from matcher.daemon.registry_watch import RegistryHolder
 from matcher.domain.events import Rejection, seen_attributes
+from matcher.domain.quarantine import QuarantineLimits
+from matcher.domain.records import IngestRecord
 from matcher.kafka import codecs
 from matcher.kafka.binding import raw_record
-from matcher.kafka.bounded import start_consumer, stop_consumer
 from matcher.kafka.commits import OffsetCommitter
 from matcher.kafka.dead_letters import DeadLetters
+from matcher.kafka.deadlines import start_consumer, stop_consumer
 from matcher.kafka.fetch import Batch, SafeFetcher
 from matcher.kafka.fetch_wait import FlowFetchWait
 from matcher.logs import describe_error
 from matcher.metrics import EVENTS_RECEIVED, EVENTS_REJECTED
-from matcher.store.ingest import BatchResult, IngestRecord, conflicting_duplicates, store_batch
+from matcher.store.ingest import BatchResult, conflicting_duplicates, store_batch
 from matcher.store.maintenance import ensure_days
-from matcher.store.quarantine_rows import Bounds
 
 log = logging.getLogger("matcher.ingest")
 
@@ -143,9 +144,14 @@ class Ingest:
         registry: RegistryHolder | None = None,
     ) -> None:
         self._settings = settings
-        self._registry = registry or RegistryHolder(settings)
+        self._registry = registry or RegistryHolder(
+            settings.producers_file,
+            settings.producers_reload_interval_s,
+            metrics.REGISTRY_RELOADS,
+            metrics.REGISTRY_RELOAD_FAILING,
+        )
         self._policy = settings.policy()
-        self._bounds = Bounds(
+        self._limits = QuarantineLimits(
             value_bytes=settings.quarantine_keep_bytes,
             header_bytes=settings.max_header_bytes,
             headers=settings.max_headers,
@@ -153,7 +159,7 @@ class Ingest:
         self._dead_letters = (
             None
             if settings.dead_letter_topic is None
-            else DeadLetters(settings, settings.dead_letter_topic, self._bounds)
+            else DeadLetters(settings, settings.dead_letter_topic, self._limits)
         )
         self.joined = False
         self._pool = pool
@@ -450,7 +456,7 @@ class Ingest:
                         conn,
                         records,
                         lambda: crash_point("ingest.in_transaction"),
-                        self._bounds,
+                        self._limits,
                     )
             except psycopg.errors.ProgramLimitExceeded as exc:
                 # An OperationalError, but about the data (an index entry too large, say):

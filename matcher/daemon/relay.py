@@ -12,7 +12,7 @@ idempotent producer retries a batch for as long as the broker answers it with a 
 error, and never expires it, so an unbounded wait for its acknowledgement would hold the
 claimed rows (and their transaction) for ever, and its ``stop()`` would never return, not
 even on SIGTERM. A publication that takes too long rolls the claim back, the producer is
-torn down (see matcher.kafka.bounded) and a new one publishes the rows again.
+torn down (see matcher.kafka.deadlines) and a new one publishes the rows again.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from psycopg_pool import AsyncConnectionPool
 from matcher import metrics
 from matcher.config import Settings
 from matcher.daemon.faults import crash_point
-from matcher.kafka.bounded import acknowledged, start_producer, stop_producer
+from matcher.kafka.deadlines import acknowledged, start_producer, stop_producer
 from matcher.store import outbox
 from matcher.store.outbox import Claimed
 from matcher.store.pipelined import pipelined_transaction

@@ -17,7 +17,7 @@ from aiokafka.errors import KafkaError
 
 from matcher.config import IngressSettings
 from matcher.ingress.metrics import PRODUCE_ERRORS
-from matcher.kafka.bounded import acknowledged, start_producer, stop_producer
+from matcher.kafka.deadlines import acknowledged, start_producer, stop_producer
 
 log = logging.getLogger("matcher.ingress")
 

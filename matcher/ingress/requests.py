@@ -29,8 +29,6 @@ from matcher.auth.record import (
     CONTENT_TYPE,
     STRUCTURED_MEDIA_TYPE,
     WEBHOOK_HEADERS,
-    Header,
-    RawRecord,
     folds,
     is_json_media_type,
     media_type,
@@ -42,6 +40,7 @@ from matcher.auth.webhooks import (
     WEBHOOK_HEADER,
 )
 from matcher.domain.events import Rejection
+from matcher.domain.records import Header, RawRecord
 
 # HTTP status per reason: what senders' retry machinery understands (4xx: do not retry
 # as it is; 503: retry later).

@@ -1,7 +1,7 @@
 """Runs the ingress: uvicorn with internet-facing bounds, the Kafka forwarder, and the
 producers-file watch; SIGTERM drains in-flight requests, then stops.
 
-Bounds: open connections (``MATCHER_INGRESS_MAX_CONNECTIONS``; past it a new connection
+QuarantineLimits: open connections (``MATCHER_INGRESS_MAX_CONNECTIONS``; past it a new connection
 evicts the one waiting longest on its client, see ``_BoundedProtocol``), requests judged
 and forwarded at once (``MATCHER_INGRESS_MAX_CONCURRENCY``, in the app, taken only once a
 body is complete), header bytes (h11's incomplete-event bound while they arrive, and the
@@ -25,8 +25,8 @@ from typing import Any, ClassVar
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from matcher.auth.registry_watch import RegistryHolder
 from matcher.config import IngressSettings
-from matcher.daemon.registry_watch import RegistryHolder
 from matcher.ingress.app import IngressState, create_app
 from matcher.ingress.forwarder import Forwarder
 from matcher.ingress.metrics import (
@@ -178,7 +178,12 @@ def _uvicorn_config(settings: IngressSettings, app: Any) -> uvicorn.Config:
 
 async def run(settings: IngressSettings, ready: asyncio.Event | None = None) -> None:
     """Serve until SIGTERM/SIGINT (or until ``ready``'s owner cancels); then drain."""
-    holder = RegistryHolder(settings, REGISTRY_RELOADS, REGISTRY_RELOAD_FAILING)
+    holder = RegistryHolder(
+        settings.producers_file,
+        settings.producers_reload_interval_s,
+        REGISTRY_RELOADS,
+        REGISTRY_RELOAD_FAILING,
+    )
     holder.load_initial()
     stop, stopping = asyncio.Event(), asyncio.Event()
     forwarder = Forwarder(settings)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Protocol
 
-from matcher.auth.record import Header, RawRecord
+from matcher.domain.records import Header, RawRecord
 
 LOG_APPEND_TIME = 1  # the record batch attribute bit, as aiokafka reports it
 

@@ -5,7 +5,7 @@ tools that watch a topic. So it must never hold ingest up: ingest hands records 
 without waiting (a bounded queue; when it is full the copy is dropped and counted), and
 one task sends them, every Kafka call bounded in time (``MATCHER_DEAD_LETTER_CALL_TIMEOUT_S``),
 reconnecting after failures. A producer that does not stop in time is abandoned
-(matcher.kafka.bounded): an idempotent producer whose broker keeps answering with a
+(matcher.kafka.deadlines): an idempotent producer whose broker keeps answering with a
 retriable error would otherwise go on retrying its batch in the background for ever, one
 more such producer after every failure.
 """
@@ -24,9 +24,9 @@ from aiokafka.errors import KafkaError, MessageSizeTooLargeError
 from matcher import metrics
 from matcher.config import Settings
 from matcher.domain.events import Rejection
-from matcher.kafka.bounded import start_producer, stop_producer
-from matcher.store.ingest import IngestRecord
-from matcher.store.quarantine_rows import Bounds, bounded, headers_from_json
+from matcher.domain.quarantine import QuarantineLimits, headers_from_json, kept_of
+from matcher.domain.records import IngestRecord
+from matcher.kafka.deadlines import start_producer, stop_producer
 
 log = logging.getLogger("matcher.dead_letters")
 
@@ -66,10 +66,10 @@ def _is_utf8(raw: bytes) -> bool:
 
 
 class DeadLetters:
-    def __init__(self, settings: Settings, topic: str, bounds: Bounds) -> None:
+    def __init__(self, settings: Settings, topic: str, limits: QuarantineLimits) -> None:
         self._settings = settings
         self._topic = topic
-        self._bounds = bounds
+        self._limits = limits
         self._queue: asyncio.Queue[IngestRecord] = asyncio.Queue(QUEUE_MAX)
         self._delay = 0.5
         self._timeout_s = settings.dead_letter_call_timeout_s  # any one Kafka call
@@ -77,7 +77,7 @@ class DeadLetters:
     def offer(self, records: Sequence[IngestRecord]) -> None:
         """Queue copies of rejected records, as the quarantine keeps them; never waits."""
         for record in records:
-            kept = bounded(record.key, record.headers, record.value, self._bounds)
+            kept = kept_of(record.key, record.headers, record.value, self._limits)
             copy = dataclasses.replace(
                 record, key=kept.key, value=kept.value, headers=headers_from_json(kept.headers)
             )

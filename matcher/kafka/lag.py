@@ -19,7 +19,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.partitioner import murmur2
 
-from matcher.kafka.bounded import close_admin, stop_consumer
+from matcher.kafka.deadlines import close_admin, stop_consumer
 
 log = logging.getLogger("matcher.lag")
 

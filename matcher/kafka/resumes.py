@@ -2,7 +2,7 @@
 
 A client that fails to start is stopped all the same (no "Unclosed" warnings), and a topic
 that does not exist is said so (``MissingTopic``) instead of waiting out a timeout. Every
-Kafka call is bounded (``CALL_TIMEOUT_S``, TimeoutError past it; see matcher.kafka.bounded):
+Kafka call is bounded (``CALL_TIMEOUT_S``, TimeoutError past it; see matcher.kafka.deadlines):
 the idempotent producer would otherwise retry a refused send, and wait in ``stop()``, for
 ever.
 """
@@ -22,7 +22,7 @@ from matcher_producer import SigningKey, encode, sign_record
 
 from matcher.config import Settings
 from matcher.domain.events import CompletionEvent
-from matcher.kafka.bounded import (
+from matcher.kafka.deadlines import (
     close_admin,
     start_consumer,
     start_producer,

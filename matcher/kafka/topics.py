@@ -11,7 +11,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
-from matcher.kafka.bounded import close_admin
+from matcher.kafka.deadlines import close_admin
 
 if TYPE_CHECKING:
     from matcher.config import Settings

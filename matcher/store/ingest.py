@@ -13,7 +13,6 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, fields
-from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -21,35 +20,21 @@ from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from matcher.domain.events import CompletionEvent, Rejection
-from matcher.store.pipelined import one_round_trip
-from matcher.store.quarantine_rows import (
+from matcher.domain.quarantine import (
     MAX_DETAIL,
-    Bounds,
-    Header,
-    bounded,
+    QuarantineLimits,
+    kept_of,
     storable_text,
     summary_text,
 )
+from matcher.domain.records import IngestRecord
+from matcher.store.pipelined import one_round_trip
 from matcher.store.sql import query
 
-DEFAULT_BOUNDS = Bounds()
+DEFAULT_LIMITS = QuarantineLimits()
 AsyncConn = psycopg.AsyncConnection[tuple[Any, ...]]
 
 log = logging.getLogger("matcher.ingest")
-
-
-@dataclass(frozen=True)
-class IngestRecord:
-    """One record of a batch, where it was read, and what the gate made of it."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[Header, ...]
-    parsed: CompletionEvent | Rejection
-    arrived_at: datetime | None = None  # what freshness was judged against
 
 
 @dataclass
@@ -95,7 +80,9 @@ def _event_params(records: Sequence[IngestRecord]) -> dict[str, list[Any]]:
     return columns
 
 
-def _quarantine_params(records: Sequence[IngestRecord], bounds: Bounds) -> dict[str, list[Any]]:
+def _quarantine_params(
+    records: Sequence[IngestRecord], limits: QuarantineLimits
+) -> dict[str, list[Any]]:
     columns: dict[str, list[Any]] = {
         name: []
         for name in (
@@ -106,7 +93,7 @@ def _quarantine_params(records: Sequence[IngestRecord], bounds: Bounds) -> dict[
     for record in records:
         rejection = record.parsed
         assert isinstance(rejection, Rejection)
-        kept = bounded(record.key, record.headers, record.value, bounds)
+        kept = kept_of(record.key, record.headers, record.value, limits)
         columns["topic"].append(record.topic)
         columns["partition"].append(record.partition)
         columns["offset"].append(record.offset)
@@ -128,7 +115,7 @@ async def store_batch(
     conn: AsyncConn,
     records: Sequence[IngestRecord],
     before_commit: Callable[[], None] | None = None,
-    bounds: Bounds = DEFAULT_BOUNDS,
+    limits: QuarantineLimits = DEFAULT_LIMITS,
 ) -> BatchResult:
     """Store one batch: in one transaction of its own on an idle connection, or in the
     caller's transaction if the connection is in one (a quarantine replay).
@@ -144,7 +131,7 @@ async def store_batch(
         if events:
             counts = await conn.execute(query("ingest", "ingest_events"), _event_params(events))
         if rejected:
-            await conn.execute(query("ingest", "quarantine"), _quarantine_params(rejected, bounds))
+            await conn.execute(query("ingest", "quarantine"), _quarantine_params(rejected, limits))
         if before_commit is not None:
             before_commit()
     if counts is not None:

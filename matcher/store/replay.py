@@ -10,11 +10,11 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from matcher.auth.record import RawRecord
 from matcher.domain.events import CompletionEvent, Rejection
-from matcher.store.ingest import IngestRecord, conflicting_duplicates, store_batch
+from matcher.domain.quarantine import MAX_DETAIL, headers_from_json, storable_text
+from matcher.domain.records import IngestRecord, RawRecord
+from matcher.store.ingest import conflicting_duplicates, store_batch
 from matcher.store.isolation import read_committed
-from matcher.store.quarantine_rows import MAX_DETAIL, headers_from_json, storable_text
 from matcher.store.sql import query
 
 Judge = Callable[[RawRecord], CompletionEvent | Rejection]

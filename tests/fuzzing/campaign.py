@@ -38,7 +38,7 @@ _INSTRUMENTED = [
     "matcher.auth",
     "matcher.domain.events",
     "matcher.ingress.requests",
-    "matcher.store.quarantine_rows",
+    "matcher.domain.quarantine",
 ]
 Input = Record | Request
 

@@ -7,7 +7,7 @@ finding and returns None otherwise. What it holds:
   raises), and a rejection's reason is one of ``REASONS``;
 - the quarantine row built from a rejection can be written: every text is UTF-8 without
   NUL or lone surrogates, the headers JSON encodes (and has no ``\\u0000``, which jsonb
-  refuses), sizes keep to the bounds, and the headers read back as they were received;
+  refuses), sizes keep to the limits, and the headers read back as they were received;
 - an accepted event has the meaning any other reader gives its bytes: each number in its
   data is the number written (read with ``Decimal``), and in structured mode no envelope key
   is one that a case-folding reader would take for an attribute matcher reads;
@@ -37,14 +37,14 @@ from jsonschema import Draft202012Validator
 
 from matcher.auth.gate import judge
 from matcher.auth.policy import Policy
-from matcher.auth.record import RawRecord
 from matcher.auth.registry import Registry, parse_registry
 from matcher.domain.events import REASONS, CompletionEvent, Rejection, unstorable
-from matcher.ingress.requests import STATUS, Refusal, to_record
+from matcher.domain.quarantine import MAX_DETAIL, MAX_TEXT, headers_from_json
 
 # The row exactly as ingest builds it (a private helper: the encoding under test).
-from matcher.store.ingest import DEFAULT_BOUNDS, IngestRecord, _quarantine_params
-from matcher.store.quarantine_rows import MAX_DETAIL, MAX_TEXT, headers_from_json
+from matcher.domain.records import IngestRecord, RawRecord
+from matcher.ingress.requests import STATUS, Refusal, to_record
+from matcher.store.ingest import DEFAULT_LIMITS, _quarantine_params
 from tests.fuzzing.records import ARRIVAL, SCHEMAS, Header, registry_toml
 from tests.fuzzing.webhooks import Request, webhook_registry_toml
 
@@ -237,7 +237,7 @@ def check_quarantine_row(
     key: bytes | None, headers: tuple[Header, ...], value: bytes | None, rejection: Rejection
 ) -> None:
     record = IngestRecord("t", 0, 0, key, value, headers, rejection, ARRIVED_AT)
-    row = {name: column[0] for name, column in _quarantine_params([record], DEFAULT_BOUNDS).items()}
+    row = {name: column[0] for name, column in _quarantine_params([record], DEFAULT_LIMITS).items()}
     assert row["reason"] == rejection.reason
     for column, limit in _TEXT_COLUMNS.items():
         if row[column] is not None:
@@ -248,30 +248,30 @@ def check_quarantine_row(
 
 
 def _check_headers_json(stored: Any, headers: tuple[Header, ...]) -> None:
-    bounds = DEFAULT_BOUNDS
+    limits = DEFAULT_LIMITS
     text = json.dumps(stored, ensure_ascii=False)
     text.encode("utf-8")  # raises on a lone surrogate, which jsonb refuses
     assert "\\u0000" not in text, "the headers JSON holds \\u0000, which jsonb refuses"
     assert "\\u0000" not in json.dumps(stored), "jsonb refuses \\u0000 however it is sent"
-    assert len(stored) <= bounds.headers
+    assert len(stored) <= limits.headers
     back = headers_from_json(stored)
     assert back == headers[: len(back)], "the stored headers do not read back as received"
-    assert sum(len(n) + len(v or b"") for n, v in back) <= bounds.header_bytes
+    assert sum(len(n) + len(v or b"") for n, v in back) <= limits.header_bytes
 
 
 def _check_sizes(row: dict[str, Any], key: bytes | None, value: bytes | None) -> None:
-    bounds = DEFAULT_BOUNDS
+    limits = DEFAULT_LIMITS
     if key is None:
         assert row["key"] is None
     else:
-        assert row["key"] == key[: bounds.header_bytes]
+        assert row["key"] == key[: limits.header_bytes]
     if value is None:
         assert (row["value"], row["size"], row["sha256"]) == (None, None, None)
         return
     assert row["size"] == len(value)
     assert row["sha256"] == hashlib.sha256(value).digest()
-    if len(value) <= bounds.value_bytes:
+    if len(value) <= limits.value_bytes:
         assert row["value"] == value, "a value within the limit must be kept whole"
     else:
         assert row["truncated"], "a value past the limit is kept as a truncated prefix"
-        assert row["value"] == value[: bounds.prefix_bytes]
+        assert row["value"] == value[: limits.prefix_bytes]

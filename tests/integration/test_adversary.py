@@ -47,7 +47,6 @@ from matcher.sdk import (
 from tests.helpers import (
     DaemonProcess,
     RawHeaderName,
-    bounded,
     env_flag,
     eventually,
     process_env,
@@ -59,6 +58,7 @@ from tests.helpers import (
     running_daemon,
     scalar,
     started,
+    within,
 )
 
 K1 = "whsec_" + base64.b64encode(b"k1-secret-of-the-billing-service").decode()
@@ -239,7 +239,7 @@ async def _send_batch(
     key. Return the (partition, offset) of its first record."""
     producer = AIOKafkaProducer(**settings.kafka_client_options(), acks="all")
     async with started(producer):
-        partitions = sorted(await bounded(producer.partitions_for(settings.events_topic)))
+        partitions = sorted(await within(producer.partitions_for(settings.events_topic)))
         partition = DefaultPartitioner()(key, partitions, partitions)
         batch = producer.create_batch()
         batch._builder = _DefaultRecordBatchBuilderPy(
@@ -256,10 +256,10 @@ async def _send_batch(
             assert (
                 batch.append(timestamp=None, key=written, value=value, headers=headers) is not None
             )
-        queued = await bounded(
+        queued = await within(
             producer.send_batch(batch, settings.events_topic, partition=partition)
         )
-        sent = await bounded(queued)
+        sent = await within(queued)
         return int(sent.partition), int(sent.offset)
 
 
@@ -982,10 +982,10 @@ async def _dead_letter_copies(
     async with started(consumer):
         partition = TopicPartition(topic, 0)
         consumer.assign([partition])
-        await bounded(consumer.seek_to_beginning(partition))
+        await within(consumer.seek_to_beginning(partition))
         deadline = time.monotonic() + timeout
         while len(found) < want and time.monotonic() < deadline:
-            for records in (await bounded(consumer.getmany(timeout_ms=200))).values():
+            for records in (await within(consumer.getmany(timeout_ms=200))).values():
                 found.extend(records)
     return found
 

@@ -12,9 +12,10 @@ import pytest
 from psycopg import sql
 
 from matcher.config import Settings
+from matcher.domain.records import IngestRecord
 from matcher.domain.waits import WaitSpec
 from matcher.sdk import register_wait, register_wait_async
-from matcher.store.ingest import IngestRecord, store_batch
+from matcher.store.ingest import store_batch
 from matcher.store.rematch import rematch_once
 from tests.helpers import (
     env_flag,

@@ -18,7 +18,6 @@ from matcher.domain.events import CompletionEvent
 from matcher.domain.waits import WaitSpec, WaitState
 from matcher.sdk import advance, register_wait
 from tests.helpers import (
-    bounded,
     event,
     events_producer,
     eventually,
@@ -30,6 +29,7 @@ from tests.helpers import (
     scalar,
     started,
     to_record,
+    within,
 )
 
 
@@ -369,7 +369,7 @@ async def test_a_batch_interval_stores_a_steady_flow_a_few_events_at_a_time(
 
     async def send(producer: AIOKafkaProducer, sent: CompletionEvent) -> None:
         key, headers, value = to_record(sent)
-        await bounded(producer.send_and_wait(paced.events_topic, value, key=key, headers=headers))
+        await within(producer.send_and_wait(paced.events_topic, value, key=key, headers=headers))
 
     async with running_daemon(paced), started(events_producer(paced)) as producer:
         await send(producer, first)

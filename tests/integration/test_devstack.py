@@ -25,7 +25,7 @@ from matcher.devstack import kafka
 from matcher.devstack.procs import port_in_use
 from matcher.devstack.stack import Devstack, project_root
 from matcher.kafka.topics import ensure_topics
-from tests.helpers import bounded, started
+from tests.helpers import started, within
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +60,7 @@ async def _produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, acks="all")
     async with started(producer):
         for value in values:
-            await bounded(producer.send_and_wait(topic, value))
+            await within(producer.send_and_wait(topic, value))
 
 
 async def _read_all(bootstrap: str, topic: str, want: int) -> list[bytes]:

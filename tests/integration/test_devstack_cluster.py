@@ -33,7 +33,7 @@ from aiokafka.errors import KafkaError, NotEnoughReplicasError
 from matcher.devstack import kafka
 from matcher.devstack.procs import wait_until
 from matcher.devstack.stack import Devstack
-from tests.helpers import bounded
+from tests.helpers import within
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -140,9 +140,9 @@ def test_env_status_and_the_remembered_mode(cluster: Cluster) -> None:
 
 async def _create_topic(bootstrap: str, topic: str) -> None:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
-    await bounded(admin.start())
+    await within(admin.start())
     try:
-        await bounded(
+        await within(
             admin.create_topics(
                 [
                     NewTopic(
@@ -155,7 +155,7 @@ async def _create_topic(bootstrap: str, topic: str) -> None:
             )
         )
     finally:
-        await bounded(admin.close())
+        await within(admin.close())
 
 
 async def _produce(bootstrap: str, topic: str, *, request_timeout_ms: int) -> None:

@@ -25,7 +25,6 @@ from matcher.domain.waits import WaitSpec
 from matcher.kafka.lag import crc32_partition, event_key, key_partitions
 from matcher.sdk import cancel_wait, register_wait
 from tests.helpers import (
-    bounded,
     event,
     eventually,
     process_env,
@@ -37,6 +36,7 @@ from tests.helpers import (
     running_daemon,
     scalar,
     started,
+    within,
 )
 
 
@@ -63,14 +63,12 @@ async def _group_until(
     """Until the daemons' consumer group, as the group coordinator describes it, is
     ``ready``: Kafka's own view of who has joined, not a guess at how long a join takes."""
     admin = AIOKafkaAdminClient(**settings.kafka_client_options())
-    await bounded(admin.start())
+    await within(admin.start())
     group: dict[str, Any] = {}
     try:
         async with asyncio.timeout(timeout):
             while True:
-                [response] = await bounded(
-                    admin.describe_consumer_groups([settings.consumer_group])
-                )
+                [response] = await within(admin.describe_consumer_groups([settings.consumer_group]))
                 [group] = response.to_object()["groups"]
                 if ready(group):
                     return
@@ -78,7 +76,7 @@ async def _group_until(
     except TimeoutError:
         raise AssertionError(f"consumer group not {what} within {timeout}s: {group}") from None
     finally:
-        await bounded(admin.close())
+        await within(admin.close())
 
 
 async def _joined(settings: Settings) -> None:
@@ -347,7 +345,7 @@ async def test_backlog_on_the_partition_librdkafka_picks(settings: Settings) -> 
         ]
         producer = AIOKafkaProducer(**settings.kafka_client_options(), acks="all")
         async with started(producer):
-            sent = await bounded(
+            sent = await within(
                 producer.send_and_wait(
                     settings.events_topic, value, key=key, headers=headers, partition=partition
                 )

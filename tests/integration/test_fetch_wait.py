@@ -23,7 +23,7 @@ from tests.helpers import (
     started,
     to_record,
 )
-from tests.integration.test_fetch import bounded
+from tests.integration.test_fetch import time_limit
 
 WAIT_MS = 20  # long, so that a held fetch is plain to see on a busy machine too
 USUAL = (500, 1)  # aiokafka's defaults, which the daemon's consumer keeps
@@ -63,7 +63,7 @@ async def _produce_a_flow(settings: Settings) -> None:
         await asyncio.wait_for(asyncio.gather(*futures), 30)
 
 
-@bounded(120)
+@time_limit(120)
 async def test_the_ingest_loop_holds_fetches_while_events_flow_and_not_after(
     settings: Settings,
 ) -> None:

@@ -15,9 +15,9 @@ from matcher.config import Settings
 from matcher.daemon.ingest import Ingest
 from matcher.daemon.janitor import tidy_once
 from matcher.domain.events import CompletionEvent
+from matcher.domain.records import IngestRecord
 from matcher.domain.waits import WaitSpec
 from matcher.sdk import cancel_wait, register_wait
-from matcher.store.ingest import IngestRecord
 from tests.helpers import (
     backdate_events,
     ensure_inbox_days,

@@ -35,8 +35,9 @@ from matcher.domain.matching import (
     WaitView,
     decide_batch,
 )
+from matcher.domain.records import IngestRecord
 from matcher.domain.waits import WaitState
-from matcher.store.ingest import BatchResult, IngestRecord, store_batch
+from matcher.store.ingest import BatchResult, store_batch
 from matcher.store.rematch import rematch_once
 from tests.helpers import env_flag
 

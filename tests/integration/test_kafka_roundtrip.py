@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from matcher.config import Settings
-from tests.helpers import bounded, started
+from tests.helpers import started, within
 
 
 async def _consume(settings: Settings, want: int) -> list[bytes]:
@@ -26,7 +26,7 @@ async def _consume(settings: Settings, want: int) -> list[bytes]:
             for records in batch.values():
                 got.extend(r.value for r in records)
         # Commit exactly what was read: the positions after the last record of each batch.
-        await bounded(consumer.commit())
+        await within(consumer.commit())
     return got
 
 
@@ -37,7 +37,7 @@ async def test_second_member_resumes_after_committed_offset(settings: Settings) 
     async with started(producer):
         # One key, so every message lands on one partition in order.
         for i in range(10):
-            await bounded(producer.send_and_wait(settings.events_topic, f"m{i}".encode(), key=b"k"))
+            await within(producer.send_and_wait(settings.events_topic, f"m{i}".encode(), key=b"k"))
 
     first = await _consume(settings, want=4)
     assert first == [f"m{i}".encode() for i in range(4)]
@@ -55,5 +55,5 @@ async def test_second_member_resumes_after_committed_offset(settings: Settings) 
         committed = 0
         for p in range(settings.topic_partitions):
             tp = TopicPartition(settings.events_topic, p)
-            committed += await bounded(consumer.committed(tp)) or 0
+            committed += await within(consumer.committed(tp)) or 0
         assert committed == 10

@@ -25,8 +25,9 @@ from hypothesis import strategies as st
 
 from matcher.config import Settings
 from matcher.domain.events import CompletionEvent, Rejection
+from matcher.domain.records import IngestRecord
 from matcher.sdk import WaitSpec, register_wait
-from matcher.store.ingest import IngestRecord, store_batch
+from matcher.store.ingest import store_batch
 from matcher.store.sql import query
 from tests.fuzzing.choosers import HypothesisChooser
 from tests.fuzzing.numbers import number_text

@@ -25,7 +25,7 @@ from tests.helpers import (
     started,
     to_record,
 )
-from tests.integration.test_fetch import bounded
+from tests.integration.test_fetch import time_limit
 
 # The longest pacing there is: the daemon spends nearly all its time in a paced batch,
 # so the rebalance begins during one.
@@ -65,7 +65,7 @@ def _second_member(settings: Settings) -> AIOKafkaConsumer:
     )
 
 
-@bounded(150)
+@time_limit(150)
 async def test_a_rebalance_during_a_paced_batch_settles_and_loses_nothing(
     settings: Settings,
 ) -> None:

@@ -19,8 +19,9 @@ from matcher.config import Settings
 from matcher.daemon import relay as relay_module
 from matcher.daemon.relay import Relay
 from matcher.domain.events import Rejection
+from matcher.domain.records import IngestRecord
 from matcher.sdk import cancel_wait
-from matcher.store.ingest import IngestRecord, store_batch
+from matcher.store.ingest import store_batch
 from matcher.store.isolation import read_committed
 from matcher.store.pipelined import pipelined_transaction
 from matcher.store.rematch import rematch_once

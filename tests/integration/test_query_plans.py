@@ -176,7 +176,7 @@ def test_forgetting_a_days_ids_walks_the_indexes(big: psycopg.Connection[Any]) -
     assert sequential == [], f"forget_day_ids scans {sequential} sequentially: {scans}"
 
 
-# The operator console's queries (matcher.store.console), on the same big tables.
+# The operator console's queries (matcher.store.browsing), on the same big tables.
 UUID1 = "00000000-0000-0000-0000-000000000001"
 PAGE = {"limit": 51, "offset": 0}
 WAITS_FILTERS = {"tenant": None, "state": None, "correlation_id": None, "job_id": None}
@@ -225,7 +225,7 @@ def big_console(big: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
 def test_console_query_uses_indexes(
     big_console: psycopg.Connection[Any], name: str, params: Any
 ) -> None:
-    scans = _explain(big_console, query("console", name), params)
+    scans = _explain(big_console, query("browsing", name), params)
     empty = {
         row[0]
         for row in big_console.execute(

@@ -22,7 +22,6 @@ from matcher.domain.resume import ResumeCloudEvent, ResumeData, ResumeEvent, res
 from matcher.domain.waits import Outcome, WaitSpec
 from matcher.sdk import cancel_wait, register_wait
 from tests.helpers import (
-    bounded,
     event,
     eventually,
     produce,
@@ -30,6 +29,7 @@ from tests.helpers import (
     running_daemon,
     scalar,
     started,
+    within,
 )
 
 AWKWARD_DATA: list[Any] = [
@@ -110,7 +110,7 @@ async def _published(settings: Settings, want: int) -> list[tuple[bytes, bytes]]
             TopicPartition(settings.resume_topic, p) for p in range(settings.topic_partitions)
         ]
         consumer.assign(partitions)
-        await bounded(consumer.seek_to_beginning(*partitions))
+        await within(consumer.seek_to_beginning(*partitions))
         async with asyncio.timeout(60):
             while len(found) < want:
                 batch = await consumer.getmany(timeout_ms=500)

@@ -31,7 +31,6 @@ from matcher.domain.waits import WaitSpec
 from matcher.sdk import advance, register_wait
 from tests.helpers import (
     DaemonProcess,
-    bounded,
     env_flag,
     event,
     eventually,
@@ -41,6 +40,7 @@ from tests.helpers import (
     scalar,
     started,
     to_record,
+    within,
 )
 
 TENANT = "acme"
@@ -164,13 +164,13 @@ class Producing:
                 for e in events:
                     key, headers, value = to_record(e)
                     futures.append(
-                        await bounded(
+                        await within(
                             producer.send(
                                 self._settings.events_topic, value, key=key, headers=headers
                             )
                         )
                     )
-                await bounded(asyncio.gather(*futures))
+                await within(asyncio.gather(*futures))
                 self.sent += len(events)
 
 

@@ -29,7 +29,6 @@ from matcher.kafka.topics import ensure_topics
 from matcher.sdk import register_wait
 from tests.helpers import (
     DaemonProcess,
-    bounded,
     env_flag,
     eventually,
     process_env,
@@ -40,6 +39,7 @@ from tests.helpers import (
     running_daemon,
     scalar,
     started,
+    within,
 )
 
 K1 = "whsec_" + base64.b64encode(b"k1-secret-of-the-billing-service").decode()
@@ -139,10 +139,10 @@ async def _dead_letters(settings: Settings, topic: str, want: int) -> list[dict[
     async with started(consumer):
         partitions = [TopicPartition(topic, p) for p in range(settings.topic_partitions)]
         consumer.assign(partitions)
-        await bounded(consumer.seek_to_beginning(*partitions))
+        await within(consumer.seek_to_beginning(*partitions))
         deadline = time.monotonic() + 30
         while len(found) < want and time.monotonic() < deadline:
-            for records in (await bounded(consumer.getmany(timeout_ms=200))).values():
+            for records in (await within(consumer.getmany(timeout_ms=200))).values():
                 found.extend(dict(r.headers) for r in records)
     return found
 

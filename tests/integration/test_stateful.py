@@ -30,9 +30,10 @@ from psycopg_pool import AsyncConnectionPool
 from matcher.config import Settings
 from matcher.daemon.sweeper import sweep_once
 from matcher.domain.events import CompletionEvent
+from matcher.domain.records import IngestRecord
 from matcher.domain.waits import WaitSpec
 from matcher.sdk import cancel_wait, register_wait
-from matcher.store.ingest import IngestRecord, store_batch
+from matcher.store.ingest import store_batch
 from matcher.store.rematch import rematch_once
 from tests.helpers import env_flag, event, ingest_record
 

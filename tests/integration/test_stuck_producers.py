@@ -41,7 +41,7 @@ from aiokafka.protocol.produce import ProduceRequest
 from aiokafka.protocol.transaction import InitProducerIdRequest
 
 from matcher.config import Settings
-from matcher.kafka.bounded import start_producer, stop_producer
+from matcher.kafka.deadlines import start_producer, stop_producer
 from matcher.kafka.topics import delete_topics, ensure_topics
 from tests.helpers import (
     DaemonProcess,
@@ -238,7 +238,7 @@ def _idempotent(settings: Settings, **options: Any) -> AIOKafkaProducer:
     )
 
 
-# --- matcher.kafka.bounded against a broker that refuses -------------------------------
+# --- matcher.kafka.deadlines against a broker that refuses -------------------------------
 
 
 async def test_stop_producer_abandons_sends_the_broker_keeps_refusing(

@@ -8,7 +8,7 @@ import uuid
 from aiokafka.admin import AIOKafkaAdminClient
 
 from matcher.config import Settings
-from matcher.kafka.bounded import close_admin
+from matcher.kafka.deadlines import close_admin
 from matcher.kafka.topics import delete_topics, ensure_topics
 
 

@@ -23,7 +23,7 @@ from matcher_producer import SigningKey
 from matcher.auth.policy import Policy
 from matcher.auth.registry import Registry, parse_registry
 from matcher.domain.events import CompletionEvent, Rejection
-from matcher.store.quarantine_rows import summary_text
+from matcher.domain.quarantine import summary_text
 from tests.helpers import UNSIGNED, parse_record, to_record
 
 EVENT = CompletionEvent(

@@ -1,4 +1,4 @@
-"""matcher.kafka.bounded without a broker: a start against nothing, or against a listener
+"""matcher.kafka.deadlines without a broker: a start against nothing, or against a listener
 that never answers, fails within its bound and leaves nothing running or open.
 
 (With a broker that refuses what it is sent: tests/integration/test_stuck_producers.py.)
@@ -18,7 +18,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError
 
-from matcher.kafka.bounded import start_consumer, start_producer, stop_consumer, stop_producer
+from matcher.kafka.deadlines import start_consumer, start_producer, stop_consumer, stop_producer
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -113,7 +113,7 @@ async def test_stopping_clients_never_started_is_graceful_and_immediate() -> Non
 async def test_acknowledgements_refresh_the_metadata_while_they_are_outstanding() -> None:
     import asyncio
 
-    from matcher.kafka.bounded import acknowledged
+    from matcher.kafka.deadlines import acknowledged
 
     class Client:
         refreshes = 0

@@ -11,9 +11,9 @@ import pytest
 
 from matcher.auth.gate import judge
 from matcher.auth.policy import Policy
-from matcher.auth.record import RawRecord
 from matcher.auth.registry import Registry, parse_registry
 from matcher.domain.events import CompletionEvent, Rejection
+from matcher.domain.records import RawRecord
 from matcher.ingress.requests import Refusal, to_record
 from tests import webhook_senders as senders
 

@@ -17,8 +17,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from matcher.auth.registry import RegistryError, load_registry
+from matcher.auth.registry_watch import RegistryHolder
 from matcher.config import KafkaSettings
-from matcher.daemon.registry_watch import RegistryHolder
 from tests.helpers import eventually
 
 pytestmark = pytest.mark.timeout(30)
@@ -51,7 +51,13 @@ def _holder(path: Path) -> tuple[RegistryHolder, Counter, Gauge]:
     settings = KafkaSettings(
         kafka_bootstrap_servers="k:9092", producers_file=path, producers_reload_interval_s=0.05
     )
-    return RegistryHolder(settings, reloads, failing), reloads, failing
+    return (
+        RegistryHolder(
+            settings.producers_file, settings.producers_reload_interval_s, reloads, failing
+        ),
+        reloads,
+        failing,
+    )
 
 
 def test_a_file_that_is_not_utf8_is_a_registry_error_naming_file_and_offset(
@@ -142,7 +148,7 @@ async def test_the_watch_outlives_an_unforeseen_failure_of_a_reload(
     def broken(_: Path) -> None:
         raise RecursionError("maximum recursion depth exceeded")
 
-    monkeypatch.setattr("matcher.daemon.registry_watch.load_registry", broken)
+    monkeypatch.setattr("matcher.auth.registry_watch.load_registry", broken)
     stop = asyncio.Event()
     watch = asyncio.create_task(holder.watch(stop))
     try:

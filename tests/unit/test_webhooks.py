@@ -19,10 +19,10 @@ import stripe
 
 from matcher.auth.gate import judge
 from matcher.auth.policy import Policy
-from matcher.auth.record import RawRecord
 from matcher.auth.registry import Registry, RegistryError, parse_registry
 from matcher.auth.webhooks import TemplateError, Unmappable, parse_template
 from matcher.domain.events import CompletionEvent, Rejection
+from matcher.domain.records import RawRecord
 from matcher.ingress.requests import Refusal, to_record
 from tests import webhook_senders as senders
 

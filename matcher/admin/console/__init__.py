@@ -4,7 +4,7 @@ no JavaScript (links and forms), strict security headers and CSRF-checked forms.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
@@ -14,10 +14,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from matcher.admin.console import auth, pages
 from matcher.admin.console.render import HEADERS, BadRequest, html, stylesheet, url
 from matcher.admin.console.session import Sessions
+from matcher.admin.state import AdminState
 from matcher.admin.throttle import FailureThrottle
-
-if TYPE_CHECKING:
-    from matcher.admin.http import AdminState
 
 
 class ConsoleHeaders:

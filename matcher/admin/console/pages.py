@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
@@ -21,14 +21,12 @@ from matcher.admin.console.render import BadRequest, choice, html, ident, pager,
 from matcher.admin.console.replaying import replay_records
 from matcher.admin.console.timeline import timeline
 from matcher.admin.explain import explain_run
+from matcher.admin.state import AdminState
 from matcher.domain.events import BIGINT_MAX, REASONS
 from matcher.domain.explain import Verdict
 from matcher.domain.waits import Wait, WaitState
-from matcher.store import console as store
+from matcher.store import browsing as store
 from matcher.store.explain import gather
-
-if TYPE_CHECKING:
-    from matcher.admin.http import AdminState
 
 STATES = [s.value for s in WaitState]
 VERDICTS = [v.value for v in Verdict]

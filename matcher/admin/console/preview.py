@@ -47,7 +47,7 @@ def _part(entry: dict[str, Any], text_key: str, binary_key: str) -> bytes | None
 
 
 def headers(stored: list[Any]) -> list[tuple[Shown, Shown]]:
-    """The stored headers (matcher.store.quarantine_rows) as name and value, bounded."""
+    """The stored headers (matcher.domain.quarantine) as name and value, bounded."""
     shown: list[tuple[Shown, Shown]] = []
     for entry in stored[:MAX_HEADERS]:
         if not isinstance(entry, dict):

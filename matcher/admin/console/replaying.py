@@ -4,15 +4,13 @@ file the daemon's registry watcher reloads from) and the daemon's policy."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from matcher.admin.state import AdminState
 from matcher.auth.gate import judge as gate_judge
-from matcher.auth.record import RawRecord
 from matcher.auth.registry import Registry, RegistryError, load_registry
+from matcher.domain.records import RawRecord
 from matcher.store.replay import ReplayOutcome, replay
-
-if TYPE_CHECKING:
-    from matcher.admin.http import AdminState
 
 
 async def replay_records(

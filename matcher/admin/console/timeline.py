@@ -10,7 +10,7 @@ from matcher.domain.events import QuarantinedRecord, StoredEvent
 from matcher.domain.explain import ExplainFacts
 from matcher.domain.waits import Wait
 from matcher.logs import quoted
-from matcher.store.console import RunRecord
+from matcher.store.browsing import RunRecord
 
 _PRODUCER_REASONS = {"tenant_not_allowed", "type_not_allowed", "unknown_producer"}
 

@@ -13,7 +13,7 @@ from matcher.config import Settings
 from matcher.domain.explain import ExplainFacts, Explanation, Verdict, explain
 from matcher.domain.waits import Wait
 from matcher.kafka.lag import group_lag, key_partitions
-from matcher.store.console import Overview, clock, overview, waiting_facts
+from matcher.store.browsing import Overview, clock, overview, waiting_facts
 
 OLDEST_WAITING = 200
 LAG_WAIT_S = 3.0

@@ -1,5 +1,6 @@
-"""The operator console's reads (queries/console.sql): bounded pages, each on an index, as
-the domain's models (matcher.admin.console renders them)."""
+"""Reads for browsing what matcher holds (queries/browsing.sql): bounded pages of waits,
+events and quarantine, a run's record, the overview, each on an index, as the domain's
+models (the operator console, matcher.admin.console, renders them)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ RELATED_LIMIT = 5000
 
 async def _rows(conn: Conn, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
     async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(query("console", name), params)
+        await cur.execute(query("browsing", name), params)
         return await cur.fetchall()
 
 
@@ -55,7 +56,7 @@ async def overview(conn: Conn, waits: int) -> Overview:
 
 async def clock(conn: Conn) -> datetime:
     """The database's now (explain judges deadlines by it)."""
-    now: datetime = (await _one(conn, "console", "clock", {}))["now"]
+    now: datetime = (await _one(conn, "browsing", "clock", {}))["now"]
     return now
 
 
@@ -185,7 +186,7 @@ async def events_page(
 @dataclass(frozen=True)
 class QuarantineRow:
     record: QuarantinedRecord
-    headers: list[dict[str, Any]]  # as stored (matcher.store.quarantine_rows)
+    headers: list[dict[str, Any]]  # as stored (matcher.domain.quarantine)
     value_preview: bytes | None  # the first 2 KiB of the raw value
     value_size: int | None
 

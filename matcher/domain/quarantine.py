@@ -1,15 +1,15 @@
-"""Quarantine rows built from hostile records, so that writing them cannot fail.
+"""What a quarantine row keeps of a hostile record, so that writing it cannot fail.
 
 Everything in a rejected record is attacker-chosen: header names and values (any bytes),
 attribute text (NUL, lone surrogates, control characters), a value of any size. The row
-keeps what an operator needs and a replay can use, within bounds:
+keeps what an operator needs and a replay can use, within limits:
 
 - the value whole up to ``MATCHER_QUARANTINE_KEEP_BYTES`` (so a replay sees the same
   bytes), otherwise a prefix, with the size and SHA-256 of the whole and ``raw_truncated``
   set (such a row cannot be replayed; the digest still identifies the record): a writer
   without a key cannot make the quarantine grow faster than that per record;
 - headers as JSON, each name and value as text when it is UTF-8 without NUL, else base64;
-  at most ``Bounds.headers`` of them and ``Bounds.header_bytes`` in all;
+  at most ``QuarantineLimits.headers`` of them and ``QuarantineLimits.header_bytes`` in all;
 - the attributes read despite the failure (producer, event_id, tenant, type,
   correlation_id) exactly as read, bounded in length, or NULL when Postgres text cannot
   hold them (NUL, lone surrogates): an escaped stand-in would read like the characters
@@ -27,15 +27,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from matcher.domain.events import summary_storable
-
-Header = tuple[bytes, bytes | None]  # a name and a value as received, both bytes
+from matcher.domain.records import Header
 
 MAX_TEXT = 512
 MAX_DETAIL = 1000
 
 
 @dataclass(frozen=True)
-class Bounds:
+class QuarantineLimits:
     value_bytes: int = 64 * 1024  # a value up to this is kept whole (replayable)
     prefix_bytes: int = 4096  # what is kept of a larger one
     header_bytes: int = 16 * 1024
@@ -69,12 +68,12 @@ def _field(raw: bytes, text_key: str, binary_key: str) -> dict[str, str]:
 
 
 def headers_to_json(
-    headers: tuple[Header, ...], bounds: Bounds
+    headers: tuple[Header, ...], limits: QuarantineLimits
 ) -> tuple[list[dict[str, Any]], bool]:
-    """The headers as JSON (lossless within the bounds), and whether any were cut."""
+    """The headers as JSON (lossless within the limits), and whether any were cut."""
     out: list[dict[str, Any]] = []
-    budget = bounds.header_bytes
-    for name, value in headers[: bounds.headers]:
+    budget = limits.header_bytes
+    for name, value in headers[: limits.headers]:
         size = len(name) + len(value or b"")
         if size > budget:
             return out, True
@@ -82,7 +81,7 @@ def headers_to_json(
         entry: dict[str, Any] = _field(name, "name", "name_base64")
         entry.update({"value": None} if value is None else _field(value, "value", "base64"))
         out.append(entry)
-    return out, len(headers) > bounds.headers
+    return out, len(headers) > limits.headers
 
 
 def headers_from_json(stored: list[dict[str, Any]]) -> tuple[Header, ...]:
@@ -101,7 +100,7 @@ def headers_from_json(stored: list[dict[str, Any]]) -> tuple[Header, ...]:
 
 
 @dataclass(frozen=True)
-class BoundedRecord:
+class KeptRecord:
     """What a quarantine row keeps of a record."""
 
     key: bytes | None
@@ -112,15 +111,15 @@ class BoundedRecord:
     truncated: bool
 
 
-def bounded(
-    key: bytes | None, headers: tuple[Header, ...], value: bytes | None, bounds: Bounds
-) -> BoundedRecord:
-    stored_headers, headers_cut = headers_to_json(headers, bounds)
-    value_cut = value is not None and len(value) > bounds.value_bytes
-    key_cut = key is not None and len(key) > bounds.header_bytes
-    return BoundedRecord(
-        key=key[: bounds.header_bytes] if key is not None else None,
-        value=value[: bounds.prefix_bytes] if value_cut and value is not None else value,
+def kept_of(
+    key: bytes | None, headers: tuple[Header, ...], value: bytes | None, limits: QuarantineLimits
+) -> KeptRecord:
+    stored_headers, headers_cut = headers_to_json(headers, limits)
+    value_cut = value is not None and len(value) > limits.value_bytes
+    key_cut = key is not None and len(key) > limits.header_bytes
+    return KeptRecord(
+        key=key[: limits.header_bytes] if key is not None else None,
+        value=value[: limits.prefix_bytes] if value_cut and value is not None else value,
         headers=stored_headers,
         size=None if value is None else len(value),
         sha256=None if value is None else hashlib.sha256(value).digest(),

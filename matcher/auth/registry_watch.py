@@ -16,8 +16,6 @@ from pathlib import Path
 from prometheus_client import Counter, Gauge
 
 from matcher.auth.registry import Registry, RegistryError, load_registry
-from matcher.config import KafkaSettings
-from matcher.metrics import REGISTRY_RELOAD_FAILING, REGISTRY_RELOADS
 
 log = logging.getLogger("matcher.registry")
 
@@ -27,16 +25,15 @@ def _reason(exc: Exception) -> str:
 
 
 class RegistryHolder:
+    """The registry in force (``current``), from ``path`` (None: the empty registry),
+    looked at every ``interval_s``; each process passes the metrics it exports."""
+
     def __init__(
-        self,
-        settings: KafkaSettings,
-        reloads: Counter = REGISTRY_RELOADS,
-        failing: Gauge = REGISTRY_RELOAD_FAILING,
+        self, path: Path | None, interval_s: float, reloads: Counter, failing: Gauge
     ) -> None:
-        # The ingress passes metrics of its own registry (it exports no daemon metrics).
         self._reloads, self._failing = reloads, failing
-        self._settings = settings
-        self._path: Path | None = settings.producers_file
+        self._interval_s = interval_s
+        self._path = path
         self._stamp: tuple[float, int] | None = None
         self.current = Registry()
 
@@ -99,7 +96,7 @@ class RegistryHolder:
                 waiters = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(hup.wait())}
                 _, pending = await asyncio.wait(
                     waiters,
-                    timeout=self._settings.producers_reload_interval_s,
+                    timeout=self._interval_s,
                     return_when=asyncio.FIRST_COMPLETED,
                 )
                 for waiter in pending:
