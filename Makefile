@@ -12,19 +12,22 @@ STAMP := $(VENV)/.installed-stamp
 USE_ENV := if [ -z "$${MATCHER_KAFKA_BOOTSTRAP_SERVERS:-}" ] || [ -z "$${MATCHER_DATABASE_URL:-}" ]; then \
 	$(BIN)/matcher devstack up && eval "$$($(BIN)/matcher devstack env)"; fi
 
-.PHONY: help install up down status migrate run lint test test-fast test-tools chart-check campaign bench bench-quick screenshots schemas schema-sql clean
+.PHONY: help install lock up down status migrate run lint test test-quick test-fast test-tools chart-check docs docs-build campaign bench bench-quick screenshots schemas schema-sql clean
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml producers/python/pyproject.toml
+# Every group of pyproject.toml's (test, lint, browser, bench, docs), the producer SDK and
+# the development-only devstack, at the versions constraints.txt pins (`make lock`).
+$(STAMP): pyproject.toml producers/python/pyproject.toml devstack/pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "matcher needs Python 3.11 or newer (set PYTHON=...)")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e producers/python -e '.[test]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt \
+	  -e producers/python -e devstack -e '.[dev]'
 	touch $@
 
-install: $(STAMP) ## Create the virtualenv and install matcher with its test tools.
+install: $(STAMP) ## Create the virtualenv: matcher, the devstack, every tool, pinned.
 
 up: install ## Start the local Kafka and Postgres (idempotent).
 	$(BIN)/matcher devstack up
@@ -46,8 +49,24 @@ run: install ## Run the daemon in the foreground on the local stack; Ctrl-C stop
 lint: install ## Lint, format check, strict type check, import contracts.
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy matcher tests producers/python examples bench
+	$(BIN)/mypy matcher tests producers/python devstack/matcher_devstack examples bench
 	$(BIN)/lint-imports
+
+lock: ## Renew constraints.txt: the newest versions every group allows (then run make test).
+	@test -x $(BIN)/python || $(MAKE) install
+	$(BIN)/python -m pip install --quiet 'uv>=0.5'
+	$(BIN)/python -m uv pip compile --quiet --python-version 3.11 --universal \
+	  --extra dev --no-header --no-annotate pyproject.toml producers/python/pyproject.toml \
+	  | grep -v '^-e \|^matcher' > constraints.txt
+	rm -f $(STAMP)
+
+docs: install ## Serve the documentation site on http://127.0.0.1:8000 (reloads on edits).
+	$(BIN)/python -m matcher.reference docs/reference
+	$(BIN)/mkdocs serve
+
+docs-build: install ## Build the documentation site into site/ (warnings are errors).
+	$(BIN)/python -m matcher.reference docs/reference
+	$(BIN)/mkdocs build --strict --quiet
 
 chart-check: ## Lint and render the Helm chart; check bad values are refused (builds helm once; needs Go).
 	scripts/check-chart
@@ -120,4 +139,4 @@ test-tools: install ## The tests that run helm and promtool (no services; builds
 	$(BIN)/pytest tests/tools
 
 clean: ## Remove the virtualenv and caches (the devstack's data stays; see `matcher devstack up --fresh`).
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis site

@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from aiokafka.admin import AIOKafkaAdminClient
+from matcher_devstack.stack import Devstack
 
-from matcher.devstack.stack import Devstack
 from matcher.kafka.deadlines import close_admin
 from matcher.kafka.topics import topic_configs
 

@@ -397,7 +397,7 @@ def check_topic(value: str) -> str:
     return value
 
 
-def _describe(error: Any) -> str:
+def describe_problem(error: Any) -> str:
     """One line for one pydantic error: the variable, the problem, and the given value."""
     loc = [str(part) for part in error.get("loc", ()) if part != "__root__"]
     message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
@@ -419,7 +419,7 @@ def load_settings(**overrides: Any) -> Settings:
     try:
         return Settings(**overrides)
     except ValidationError as exc:
-        raise ConfigError([_describe(e) for e in exc.errors()]) from None
+        raise ConfigError([describe_problem(e) for e in exc.errors()]) from None
 
 
 def load_ingress_settings(**overrides: Any) -> IngressSettings:
@@ -427,4 +427,4 @@ def load_ingress_settings(**overrides: Any) -> IngressSettings:
     try:
         return IngressSettings(**overrides)
     except ValidationError as exc:
-        raise ConfigError([_describe(e) for e in exc.errors()]) from None
+        raise ConfigError([describe_problem(e) for e in exc.errors()]) from None

@@ -30,8 +30,10 @@ from playwright.sync_api import Browser, Dialog, Page, sync_playwright
 from matcher.config import Settings
 from matcher.domain.waits import WaitSpec
 from matcher.sdk import register_wait
-from tests.conftest import Services, own_database, own_settings
-from tests.helpers import DaemonProcess, installed_tool, process_env, scalar, started
+from tests.support.db import scalar
+from tests.support.kafka import started
+from tests.support.processes import DaemonProcess, installed_tool, process_env
+from tests.support.services import Services, own_database, own_settings
 
 pytestmark = pytest.mark.timeout(600)
 

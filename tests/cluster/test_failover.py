@@ -41,30 +41,22 @@ import psycopg
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
+from matcher_devstack.stack import Devstack
 from matcher_producer.event import KafkaRecord
 from matcher_producer.signing import SigningKey, sign_record
 from psycopg import sql
 
 from matcher.config import Settings
-from matcher.devstack.stack import Devstack
 from matcher.kafka.topics import prepare_topics
 from matcher.sdk import parse_resume
 from matcher.store.migrate import migrate as apply_migrations
-from tests import webhook_senders as senders
-from tests.conftest import with_database
-from tests.helpers import (
-    DaemonProcess,
-    IngressProcess,
-    check_exactly_once,
-    env_flag,
-    event,
-    process_env,
-    register_waits,
-    rows,
-    scalar,
-    started,
-    to_record,
-)
+from tests.support import webhooks as senders
+from tests.support.assertions import check_exactly_once, env_flag
+from tests.support.db import register_waits, rows, scalar
+from tests.support.kafka import started, to_record
+from tests.support.processes import DaemonProcess, IngressProcess, process_env
+from tests.support.records import event
+from tests.support.services import with_database
 
 pytestmark = pytest.mark.timeout(1800)
 

@@ -24,17 +24,12 @@ from matcher.daemon import stats
 from matcher.domain.waits import WaitSpec
 from matcher.kafka.lag import group_lag
 from matcher.sdk import cancel_wait, register_wait
-from tests.conftest import Services, own_database, own_settings
-from tests.helpers import (
-    DaemonProcess,
-    event,
-    eventually,
-    process_env,
-    produce,
-    produce_raw,
-    running_daemon,
-    scalar,
-)
+from tests.support.assertions import eventually
+from tests.support.db import scalar
+from tests.support.kafka import produce, produce_raw
+from tests.support.processes import DaemonProcess, process_env, running_daemon
+from tests.support.records import event
+from tests.support.services import Services, own_database, own_settings
 
 TOKEN = "admin-token-for-tests-0123456789abcdef"
 

@@ -44,22 +44,11 @@ from matcher.sdk import (
     record_launch,
     register_wait,
 )
-from tests.helpers import (
-    DaemonProcess,
-    RawHeaderName,
-    env_flag,
-    eventually,
-    process_env,
-    produce_raw,
-    read_resume_messages,
-    read_resumes,
-    rows,
-    run_cli,
-    running_daemon,
-    scalar,
-    started,
-    within,
-)
+from tests.support.assertions import env_flag, eventually
+from tests.support.db import rows, scalar
+from tests.support.kafka import produce_raw, read_resume_messages, read_resumes, started, within
+from tests.support.processes import DaemonProcess, process_env, run_cli, running_daemon
+from tests.support.records import RawHeaderName
 
 K1 = "whsec_" + base64.b64encode(b"k1-secret-of-the-billing-service").decode()
 K2 = "whsec_" + base64.b64encode(b"k2-secret-of-the-billing-service").decode()

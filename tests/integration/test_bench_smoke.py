@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Services
+from tests.support.services import Services
 
 # The smoke benchmark's own command is bounded at 600 s.
 pytestmark = pytest.mark.timeout(900)

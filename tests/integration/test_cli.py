@@ -13,16 +13,11 @@ import pytest
 
 from matcher import __version__
 from matcher.config import Settings
-from tests.helpers import (
-    DaemonProcess,
-    event,
-    eventually,
-    process_env,
-    produce,
-    produce_raw,
-    running_daemon,
-    scalar,
-)
+from tests.support.assertions import eventually
+from tests.support.db import scalar
+from tests.support.kafka import produce, produce_raw
+from tests.support.processes import DaemonProcess, process_env, running_daemon
+from tests.support.records import event
 
 
 def _matcher(settings: Settings, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -240,7 +235,7 @@ def test_every_verb_speaks_json(settings: Settings, tmp_path: Path) -> None:
 def test_devstack_up_json_on_a_running_stack() -> None:
     """`up` is idempotent: on the project's running stack it only reports (skipped when
     the tests run against other services)."""
-    from matcher.devstack.stack import Devstack
+    from matcher_devstack.stack import Devstack
 
     stack = Devstack(ROOT / ".devstack")
     if stack.ports() is None or not all(s.running for s in stack.status()):

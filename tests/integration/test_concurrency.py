@@ -17,16 +17,11 @@ from matcher.domain.waits import WaitSpec
 from matcher.sdk import register_wait, register_wait_async
 from matcher.store.ingest import store_batch
 from matcher.store.rematch import rematch_once
-from tests.helpers import (
-    env_flag,
-    event,
-    eventually,
-    ingest_record,
-    produce,
-    read_resumes,
-    rows,
-    running_daemon,
-)
+from tests.support.assertions import env_flag, eventually
+from tests.support.db import rows
+from tests.support.kafka import produce, read_resumes
+from tests.support.processes import running_daemon
+from tests.support.records import event, ingest_record
 
 
 def _spec(correlation: str, run: str) -> WaitSpec:

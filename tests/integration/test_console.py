@@ -19,8 +19,11 @@ import pytest
 from matcher.config import Settings
 from matcher.domain.waits import WaitSpec
 from matcher.sdk import register_wait
-from tests.conftest import Services, own_database, own_settings
-from tests.helpers import DaemonProcess, event, process_env, produce, produce_raw, scalar
+from tests.support.db import scalar
+from tests.support.kafka import produce, produce_raw
+from tests.support.processes import DaemonProcess, process_env
+from tests.support.records import event
+from tests.support.services import Services, own_database, own_settings
 
 TOKEN = "console-token-for-tests-0123456789abcdef"
 PAYLOAD = '"><img src=x onerror=alert(1)><script>alert(1)</script>'

@@ -17,20 +17,19 @@ from matcher.config import Settings
 from matcher.domain.events import CompletionEvent
 from matcher.domain.waits import WaitSpec, WaitState
 from matcher.sdk import advance, register_wait
-from tests.helpers import (
-    event,
+from tests.support.assertions import eventually
+from tests.support.db import rows, scalar
+from tests.support.kafka import (
     events_producer,
-    eventually,
     produce,
     produce_raw,
     read_resumes,
-    rows,
-    running_daemon,
-    scalar,
     started,
     to_record,
     within,
 )
+from tests.support.processes import running_daemon
+from tests.support.records import event
 
 
 def _spec(correlation: str, run: str = "run-1", **extra: object) -> WaitSpec:

@@ -17,19 +17,11 @@ from collections.abc import Iterator
 import pytest
 
 from matcher.config import Settings
-from tests.helpers import (
-    DaemonProcess,
-    all_published,
-    check_exactly_once,
-    env_flag,
-    event,
-    eventually,
-    process_env,
-    produce,
-    produce_paced,
-    register_waits,
-    scalar,
-)
+from tests.support.assertions import check_exactly_once, env_flag, eventually
+from tests.support.db import all_published, register_waits, scalar
+from tests.support.kafka import produce, produce_paced
+from tests.support.processes import DaemonProcess, process_env
+from tests.support.records import event
 
 CRASH_POINTS = [
     "ingest.in_transaction",

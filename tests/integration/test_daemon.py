@@ -10,7 +10,7 @@ import time
 import pytest
 
 from matcher.config import Settings
-from tests.conftest import settings_env
+from tests.support.services import settings_env
 
 
 def _start(env: dict[str, str]) -> subprocess.Popen[str]:

@@ -20,12 +20,12 @@ from pathlib import Path
 import psycopg
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from matcher_devstack import kafka
+from matcher_devstack.procs import port_in_use
+from matcher_devstack.stack import Devstack, project_root
 
-from matcher.devstack import kafka
-from matcher.devstack.procs import port_in_use
-from matcher.devstack.stack import Devstack, project_root
 from matcher.kafka.topics import ensure_topics
-from tests.helpers import started, within
+from tests.support.kafka import started, within
 
 pytestmark = pytest.mark.slow
 
@@ -134,7 +134,7 @@ def test_cli_env_and_status(private_stack: Devstack) -> None:
 
 
 def test_kafka_failure_reports_the_log(private_stack: Devstack) -> None:
-    from matcher.devstack.procs import DevstackError
+    from matcher_devstack.procs import DevstackError
 
     private_stack.up()
     ports = private_stack.ports()

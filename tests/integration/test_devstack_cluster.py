@@ -29,11 +29,11 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, NotEnoughReplicasError
+from matcher_devstack import kafka
+from matcher_devstack.procs import wait_until
+from matcher_devstack.stack import Devstack
 
-from matcher.devstack import kafka
-from matcher.devstack.procs import wait_until
-from matcher.devstack.stack import Devstack
-from tests.helpers import within
+from tests.support.kafka import within
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -24,20 +24,11 @@ from matcher.domain.explain import Explanation, Verdict
 from matcher.domain.waits import WaitSpec
 from matcher.kafka.lag import crc32_partition, event_key, key_partitions
 from matcher.sdk import cancel_wait, register_wait
-from tests.helpers import (
-    event,
-    eventually,
-    process_env,
-    produce,
-    produce_raw,
-    read_resumes,
-    rematch_all,
-    run_cli,
-    running_daemon,
-    scalar,
-    started,
-    within,
-)
+from tests.support.assertions import eventually
+from tests.support.db import rematch_all, scalar
+from tests.support.kafka import produce, produce_raw, read_resumes, started, within
+from tests.support.processes import process_env, run_cli, running_daemon
+from tests.support.records import event
 
 
 def _register(settings: Settings, run: str, correlation: str, **extra: Any) -> Any:

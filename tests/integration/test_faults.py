@@ -9,18 +9,11 @@ from collections.abc import Callable
 import psycopg
 
 from matcher.config import Settings
-from tests.helpers import (
-    DaemonProcess,
-    all_published,
-    check_exactly_once,
-    env_flag,
-    event,
-    eventually,
-    process_env,
-    produce,
-    register_waits,
-    scalar,
-)
+from tests.support.assertions import check_exactly_once, env_flag, eventually
+from tests.support.db import all_published, register_waits, scalar
+from tests.support.kafka import produce
+from tests.support.processes import DaemonProcess, process_env
+from tests.support.records import event
 
 
 def _stored_at_least(settings: Settings, count: int) -> Callable[[], bool]:

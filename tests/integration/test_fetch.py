@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -23,7 +22,9 @@ from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
 
 from matcher.config import Settings
 from matcher.kafka.fetch import FetchedRecord, SafeFetcher
-from tests.helpers import RawHeaderName, eventually, started
+from tests.support.assertions import eventually
+from tests.support.kafka import started
+from tests.support.records import RawHeaderName
 
 Test = Callable[..., Awaitable[None]]
 BAD_NAME = b"\xff\xfebad-\xc3"  # not UTF-8: aiokafka raises UnicodeDecodeError on it
@@ -48,20 +49,6 @@ class Produced:
     tp: TopicPartition
     offset: int
     spec: Spec
-
-
-def time_limit(seconds: float) -> Callable[[Test], Test]:
-    """Fail the test, instead of hanging, if it takes longer than ``seconds``."""
-
-    def decorate(test: Test) -> Test:
-        @functools.wraps(test)
-        async def run(*args: Any, **kwargs: Any) -> None:
-            async with asyncio.timeout(seconds):
-                await test(*args, **kwargs)
-
-        return run
-
-    return decorate
 
 
 def good(tag: str, n: int) -> list[Spec]:
@@ -174,22 +161,22 @@ async def run_layout(settings: Settings, layout: dict[int, list[list[Spec]]]) ->
         check(again, later)
 
 
-@time_limit(90)
+@pytest.mark.timeout(90)
 async def test_bad_record_first_in_a_partition(settings: Settings) -> None:
     await run_layout(settings, {0: [[bad("a"), *good("a", 3)]], 1: [good("o", 4)]})
 
 
-@time_limit(90)
+@pytest.mark.timeout(90)
 async def test_bad_record_in_the_middle_of_a_batch(settings: Settings) -> None:
     await run_layout(settings, {0: [[*good("b", 3), bad("b"), *good("b2", 4)]], 2: [good("o", 3)]})
 
 
-@time_limit(90)
+@pytest.mark.timeout(90)
 async def test_bad_record_last(settings: Settings) -> None:
     await run_layout(settings, {0: [[*good("c", 3), bad("c")]], 3: [good("o", 2)]})
 
 
-@time_limit(90)
+@pytest.mark.timeout(90)
 async def test_two_bad_records_in_a_row(settings: Settings) -> None:
     await run_layout(
         settings,
@@ -197,7 +184,7 @@ async def test_two_bad_records_in_a_row(settings: Settings) -> None:
     )
 
 
-@time_limit(90)
+@pytest.mark.timeout(90)
 async def test_bad_records_across_batches(settings: Settings) -> None:
     # The end of one batch and the start of the next, then a batch that is only bad ones.
     await run_layout(
@@ -206,7 +193,7 @@ async def test_bad_records_across_batches(settings: Settings) -> None:
     )
 
 
-@time_limit(90)
+@pytest.mark.timeout(90)
 async def test_bad_records_on_several_partitions_at_once(settings: Settings) -> None:
     await run_layout(
         settings,
@@ -221,7 +208,7 @@ async def test_bad_records_on_several_partitions_at_once(settings: Settings) -> 
     )
 
 
-@time_limit(90)
+@pytest.mark.timeout(90)
 async def test_bad_record_in_a_compressed_batch(settings: Settings) -> None:
     produced: list[Produced] = []
     tp = TopicPartition(settings.events_topic, 1)
@@ -234,7 +221,7 @@ async def test_bad_record_in_a_compressed_batch(settings: Settings) -> None:
         check(await fetch_all(SafeFetcher(consumer), len(produced)), produced)
 
 
-@time_limit(90)
+@pytest.mark.timeout(90)
 async def test_small_polls_hand_everything_over_once(settings: Settings) -> None:
     # max_records smaller than a batch: isolation runs over many calls, state carried over.
     produced: list[Produced] = []
@@ -248,7 +235,7 @@ async def test_small_polls_hand_everything_over_once(settings: Settings) -> None
 
 
 @pytest.mark.parametrize("committed", [None, 2])
-@time_limit(90)
+@pytest.mark.timeout(90)
 async def test_records_drained_from_other_partitions_are_not_lost(
     settings: Settings, caplog: pytest.LogCaptureFixture, committed: int | None
 ) -> None:
@@ -287,7 +274,7 @@ async def commit(settings: Settings, tp: TopicPartition, offset: int) -> None:
         await consumer.commit({tp: offset})
 
 
-@time_limit(90)
+@pytest.mark.timeout(90)
 async def test_the_listener_forgets_then_calls_the_inner_one(settings: Settings) -> None:
     """A rebalance makes what was tracked wrong: the listener drops it first."""
     calls: list[tuple[str, list[TopicPartition]]] = []
@@ -330,7 +317,7 @@ async def wait_for_buffer(consumer: AIOKafkaConsumer, tps: set[TopicPartition]) 
             await asyncio.sleep(0.02)  # polling a condition, with the deadline above
 
 
-@time_limit(90)
+@pytest.mark.timeout(90)
 async def test_normal_path_matches_plain_getmany(settings: Settings) -> None:
     specs = [
         Spec(b"v0", key=None),
@@ -398,7 +385,7 @@ def failing_always(value: bytes) -> Callable[[bytes | None], bytes | None]:
     return deserialize
 
 
-@time_limit(90)
+@pytest.mark.timeout(90)
 async def test_a_transient_failure_skips_nothing(settings: Settings) -> None:
     tp = TopicPartition(settings.events_topic, 2)
     async with producer_for(settings) as producer:
@@ -408,7 +395,7 @@ async def test_a_transient_failure_skips_nothing(settings: Settings) -> None:
         check(await fetch_all(SafeFetcher(consumer), len(produced)), produced)
 
 
-@time_limit(90)
+@pytest.mark.timeout(90)
 async def test_a_record_failing_for_a_reason_the_bytes_do_not_show(settings: Settings) -> None:
     # The bytes are valid (the deserializer refuses it): handed over as undecodable, with
     # its bytes, and the reason names the client's error.
@@ -426,7 +413,7 @@ async def test_a_record_failing_for_a_reason_the_bytes_do_not_show(settings: Set
 
 
 @pytest.mark.parametrize("isolation_level", ["read_committed", "read_uncommitted"])
-@time_limit(90)
+@pytest.mark.timeout(90)
 async def test_transactions(settings: Settings, isolation_level: str) -> None:
     """read_committed skips an aborted batch without decoding it (bad records and all);
     the raw fetch must skip it too, from the aborted transactions the broker lists."""
@@ -446,7 +433,7 @@ async def test_transactions(settings: Settings, isolation_level: str) -> None:
         check(await fetch_all(SafeFetcher(consumer), len(want)), want)
 
 
-@time_limit(90)
+@pytest.mark.timeout(90)
 async def test_calls_cancelled_anywhere_lose_nothing(settings: Settings) -> None:
     """A call cancelled half-way through isolating hands nothing over: what it had read is
     read again by a later call, so still every record comes exactly once."""
@@ -475,7 +462,7 @@ async def test_calls_cancelled_anywhere_lose_nothing(settings: Settings) -> None
     assert cancelled > 0
 
 
-@time_limit(60)
+@pytest.mark.timeout(60)
 async def test_a_cancelled_fetch_leaves_the_consumer_idle_not_busy(settings: Settings) -> None:
     """aiokafka counts a cancelled ``getmany`` as still in progress, after which its
     ``max_poll_interval_ms`` watchdog never sees the loop idle; the fetcher puts the

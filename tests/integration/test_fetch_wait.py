@@ -10,20 +10,16 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from aiokafka.protocol.fetch import FetchRequest
 
 from matcher.config import Settings
 from matcher.kafka.fetch_wait import FLOWING_MIN_BYTES, WINDOW_WAITS
-from tests.helpers import (
-    event,
-    events_producer,
-    eventually,
-    inbox_count,
-    running_ingest,
-    started,
-    to_record,
-)
-from tests.integration.test_fetch import time_limit
+from tests.support.assertions import eventually
+from tests.support.db import inbox_count
+from tests.support.kafka import events_producer, started, to_record
+from tests.support.processes import running_ingest
+from tests.support.records import event
 
 WAIT_MS = 20  # long, so that a held fetch is plain to see on a busy machine too
 USUAL = (500, 1)  # aiokafka's defaults, which the daemon's consumer keeps
@@ -63,7 +59,7 @@ async def _produce_a_flow(settings: Settings) -> None:
         await asyncio.wait_for(asyncio.gather(*futures), 30)
 
 
-@time_limit(120)
+@pytest.mark.timeout(120)
 async def test_the_ingest_loop_holds_fetches_while_events_flow_and_not_after(
     settings: Settings,
 ) -> None:

@@ -18,20 +18,18 @@ from matcher.domain.events import CompletionEvent
 from matcher.domain.records import IngestRecord
 from matcher.domain.waits import WaitSpec
 from matcher.sdk import cancel_wait, register_wait
-from tests.helpers import (
+from tests.support.assertions import eventually
+from tests.support.db import (
     backdate_events,
     ensure_inbox_days,
-    event,
-    eventually,
     published,
-    raw,
-    read_resumes,
     rematch_all,
     rows,
-    running_daemon,
     scalar,
-    to_record,
 )
+from tests.support.kafka import read_resumes, to_record
+from tests.support.processes import running_daemon
+from tests.support.records import event, raw
 
 
 def _age(settings: Settings, correlation: str, days: float) -> None:
@@ -54,7 +52,7 @@ async def test_retention_expires_then_purges(settings: Settings) -> None:
             ),
         )
     async with running_daemon(settings):
-        from tests.helpers import produce
+        from tests.support.kafka import produce
 
         await produce(
             settings,

@@ -39,7 +39,7 @@ from matcher.domain.records import IngestRecord
 from matcher.domain.waits import WaitState
 from matcher.store.ingest import BatchResult, store_batch
 from matcher.store.rematch import rematch_once
-from tests.helpers import env_flag
+from tests.support.assertions import env_flag
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 KEYS: list[Key] = [("acme", "c1"), ("acme", "c2"), ("globex", "c1")]

@@ -7,90 +7,27 @@ Senders are independent clients: the `standardwebhooks` and `svix` packages sign
 from __future__ import annotations
 
 import asyncio
-import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 import pytest
 from aiokafka import AIOKafkaProducer
 
 from matcher.config import Settings
-from matcher.domain.waits import WaitSpec
-from matcher.sdk import register_wait
-from tests import webhook_senders as senders
-from tests.helpers import (
-    IngressProcess,
-    eventually,
-    process_env,
-    read_resumes,
-    rows,
-    running_daemon,
-    started,
-)
+from tests.support import webhooks as senders
+from tests.support.assertions import eventually
+from tests.support.db import rows
+from tests.support.ingress import HTTP_TIMEOUT, host_port, ingress_env, post, wait_for
+from tests.support.kafka import read_resumes, started
+from tests.support.processes import IngressProcess, running_daemon
 
 pytestmark = pytest.mark.timeout(240)
-
-HTTP_TIMEOUT = httpx.Timeout(20.0)
-
-
-def _producers_file(directory: Path) -> Path:
-    path = directory / "producers.toml"
-    path.write_text(senders.PRODUCERS_TOML)
-    return path
-
-
-@pytest.fixture
-def secure(settings: Settings, tmp_path: Path) -> Settings:
-    return settings.model_copy(
-        update={"producers_file": _producers_file(tmp_path), "allow_unsigned": False}
-    )
-
-
-def _ingress_env(settings: Settings, **extra: str) -> dict[str, str]:
-    env = process_env(settings, MATCHER_ALLOW_UNSIGNED="false", **extra)
-    env["MATCHER_PRODUCERS_FILE"] = str(settings.producers_file)
-    env.pop("MATCHER_DATABASE_URL")  # the ingress has no database access
-    return env
-
-
-@pytest.fixture
-def ingress(secure: Settings) -> Iterator[IngressProcess]:
-    process = IngressProcess(_ingress_env(secure, MATCHER_INGRESS_READ_TIMEOUT_S="2"))
-    process.wait_listening()
-    process.wait_ready()
-    yield process
-    assert process.stop() == 0, process.output
-
-
-def _wait_for(settings: Settings, tenant: str, event_type: str, correlation: str) -> str:
-    run_id = f"run-{correlation}"
-    with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as conn:
-        register_wait(
-            conn,
-            WaitSpec(
-                tenant=tenant, run_id=run_id, position=0, event_types=[event_type],
-                correlation_id=correlation,
-            ),
-        )  # fmt: skip
-    return run_id
-
-
-def _post(address: str, producer: str, headers: senders.Headers, body: bytes) -> httpx.Response:
-    return httpx.post(
-        f"{address}/v1/webhooks/{producer}",
-        content=body,
-        headers=[(n.decode(), v.decode()) for n, v in headers],
-        timeout=HTTP_TIMEOUT,
-    )
 
 
 def _events(settings: Settings) -> list[dict[str, Any]]:
@@ -98,56 +35,56 @@ def _events(settings: Settings) -> list[dict[str, Any]]:
 
 
 async def test_webhooks_from_three_kinds_of_sender_resume_their_runs(
-    secure: Settings, ingress: IngressProcess
+    webhooks_secure: Settings, ingress: IngressProcess
 ) -> None:
     address = ingress.address
     assert address is not None
     runs = {
-        _wait_for(secure, "acme", "batch.completed", "batch_abc"),
-        _wait_for(secure, "acme", "github.workflow_run.completed", "30433642"),
-        _wait_for(secure, "globex", "payment_intent.succeeded", "pi_9"),
+        wait_for(webhooks_secure, "acme", "batch.completed", "batch_abc"),
+        wait_for(webhooks_secure, "acme", "github.workflow_run.completed", "30433642"),
+        wait_for(webhooks_secure, "globex", "payment_intent.succeeded", "pi_9"),
     }
-    async with running_daemon(secure):
+    async with running_daemon(webhooks_secure):
         openai = senders.body_bytes(senders.openai_batch("batch_abc"))
-        response = _post(address, "openai", senders.standard_request(openai, "msg_1"), openai)
+        response = post(address, "openai", senders.standard_request(openai, "msg_1"), openai)
         assert response.status_code == 202, response.text
         github = senders.body_bytes(senders.github_workflow_run(30433642))
         assert _curl(address, "github", senders.github_request(github), github) == 202
         stripe_body = senders.body_bytes(senders.stripe_event("pi_9", tenant="globex"))
-        response = _post(address, "stripe", senders.stripe_request(stripe_body), stripe_body)
+        response = post(address, "stripe", senders.stripe_request(stripe_body), stripe_body)
         assert response.status_code == 202, response.text
-        resumes = await read_resumes(secure, at_least=3)
+        resumes = await read_resumes(webhooks_secure, at_least=3)
         assert {r.run_id for r in resumes} == runs
         # A redelivery (svix signs it this time) is 202 again, and a duplicate downstream.
         again = senders.standard_request(openai, "msg_1", library="svix")
-        assert _post(address, "openai", again, openai).status_code == 202
-        await eventually(lambda: _duplicates(secure) >= 1, what="the redelivery seen")
-    assert sorted((e["producer"], e["event_id"]) for e in _events(secure)) == [
+        assert post(address, "openai", again, openai).status_code == 202
+        await eventually(lambda: _duplicates(webhooks_secure) >= 1, what="the redelivery seen")
+    assert sorted((e["producer"], e["event_id"]) for e in _events(webhooks_secure)) == [
         ("github", "30433642-1-completed"), ("openai", "msg_1"), ("stripe", "evt_s1"),
     ]  # fmt: skip
 
 
 @pytest.mark.parametrize("structured", [False, True])
 async def test_cloudevents_over_http_from_the_cloudevents_sdk(
-    secure: Settings, ingress: IngressProcess, structured: bool
+    webhooks_secure: Settings, ingress: IngressProcess, structured: bool
 ) -> None:
     address = ingress.address
     assert address is not None
     correlation = "job é 7"  # percent-encoded in binary mode's header
-    run_id = _wait_for(secure, "acme", "job.completed", correlation)
-    async with running_daemon(secure):
+    run_id = wait_for(webhooks_secure, "acme", "job.completed", correlation)
+    async with running_daemon(webhooks_secure):
         headers, body = senders.cloudevent_request(correlation, "ce-1", structured=structured)
-        response = _post(address, "ce-svc", headers, body)
+        response = post(address, "ce-svc", headers, body)
         assert response.status_code == 202, response.text
-        resumes = await read_resumes(secure, at_least=1)
+        resumes = await read_resumes(webhooks_secure, at_least=1)
         assert [r.run_id for r in resumes] == [run_id]
         # Posted to a plain-webhook producer's URL: not its format.
-        refused = _post(address, "openai", headers, body).json()
+        refused = post(address, "openai", headers, body).json()
         assert refused == {"reason": "unsupported_media_type" if structured else "ambiguous"}
 
 
-def test_the_command_fails_in_one_line(secure: Settings, ingress: IngressProcess) -> None:
-    env = _ingress_env(secure)
+def test_the_command_fails_in_one_line(webhooks_secure: Settings, ingress: IngressProcess) -> None:
+    env = ingress_env(webhooks_secure)
     env.pop("MATCHER_PRODUCERS_FILE")
     done = subprocess.run(
         [sys.executable, "-m", "matcher", "ingress"], env=env, capture_output=True,
@@ -159,17 +96,21 @@ def test_the_command_fails_in_one_line(secure: Settings, ingress: IngressProcess
     busy = ingress.address.removeprefix("http://") if ingress.address else ""
     done = subprocess.run(
         [sys.executable, "-m", "matcher", "ingress", "--address", busy],
-        env=_ingress_env(secure), capture_output=True, text=True, timeout=60, check=False,
+        env=ingress_env(webhooks_secure), capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 1, done.stderr
     assert f"matcher: cannot listen on {busy}" in done.stderr
     assert "Traceback" not in done.stderr
-    latin1 = secure.producers_file.with_name("latin1.toml") if secure.producers_file else None
+    latin1 = (
+        webhooks_secure.producers_file.with_name("latin1.toml")
+        if webhooks_secure.producers_file
+        else None
+    )
     assert latin1 is not None
     latin1.write_bytes(b"# caf\xe9\n")  # valid TOML, but not UTF-8
     done = subprocess.run(
         [sys.executable, "-m", "matcher", "ingress"],
-        env=dict(_ingress_env(secure), MATCHER_PRODUCERS_FILE=str(latin1)),
+        env=dict(ingress_env(webhooks_secure), MATCHER_PRODUCERS_FILE=str(latin1)),
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
@@ -190,14 +131,16 @@ async def _eventually_logged(process: IngressProcess, *parts: str) -> None:
 
 @pytest.mark.timeout(120)
 async def test_a_reload_of_a_file_that_is_not_utf8_keeps_the_registry_and_the_watch(
-    secure: Settings,
+    webhooks_secure: Settings,
 ) -> None:
     """The ingress's reload watch once died, unlogged, on a Latin-1 byte: later edits were
     ignored and the next SIGHUP killed the process. Now the file is refused and logged,
     openai stays registered, and both the watch and SIGHUP go on."""
-    path = secure.producers_file
+    path = webhooks_secure.producers_file
     assert path is not None
-    process = IngressProcess(_ingress_env(secure, MATCHER_PRODUCERS_RELOAD_INTERVAL_S="0.2"))
+    process = IngressProcess(
+        ingress_env(webhooks_secure, MATCHER_PRODUCERS_RELOAD_INTERVAL_S="0.2")
+    )
     try:
         address = process.wait_listening()
         process.wait_ready()
@@ -208,11 +151,11 @@ async def test_a_reload_of_a_file_that_is_not_utf8_keeps_the_registry_and_the_wa
         await _eventually_logged(process, "not reloaded", "SIGHUP", "not valid UTF-8")
         assert process.process.poll() is None, process.output
         body = senders.body_bytes(senders.openai_batch("batch_utf8"))
-        response = _post(address, "openai", senders.standard_request(body, "msg_u1"), body)
+        response = post(address, "openai", senders.standard_request(body, "msg_u1"), body)
         assert response.status_code == 202, response.text  # the last good registry
         path.write_text(without_openai)  # a good edit: the watch still takes it
         await _eventually_logged(process, "producer registry reloaded")
-        response = _post(address, "openai", senders.standard_request(body, "msg_u2"), body)
+        response = post(address, "openai", senders.standard_request(body, "msg_u2"), body)
         assert response.status_code == 404, response.text
         process.process.send_signal(signal.SIGHUP)  # still handled, not the default action
         await _eventually_logged(process, "producer registry reloaded", "SIGHUP")
@@ -257,7 +200,7 @@ def _curl(address: str, producer: str, headers: senders.Headers, body: bytes) ->
 
 
 def test_refusals_carry_a_status_and_a_reason_and_nothing_else(
-    secure: Settings, ingress: IngressProcess
+    webhooks_secure: Settings, ingress: IngressProcess
 ) -> None:
     address = ingress.address
     assert address is not None
@@ -273,7 +216,7 @@ def test_refusals_carry_a_status_and_a_reason_and_nothing_else(
         ("openai", senders.standard_request(b"{nope", "m"), b"{nope", 400, "malformed"),
     ]  # fmt: skip
     for producer, headers, content, status, reason in cases:
-        response = _post(address, producer, headers, content)
+        response = post(address, producer, headers, content)
         assert (response.status_code, response.json()) == (status, {"reason": reason}), producer
         assert "script" not in response.text
         assert response.headers["x-content-type-options"] == "nosniff"
@@ -287,10 +230,10 @@ def test_refusals_carry_a_status_and_a_reason_and_nothing_else(
 
 
 def test_too_large_is_refused_before_the_body_is_read(
-    secure: Settings, ingress: IngressProcess
+    webhooks_secure: Settings, ingress: IngressProcess
 ) -> None:
-    host, port = _host_port(ingress)
-    limit = secure.max_event_bytes
+    host, port = host_port(ingress)
+    limit = webhooks_secure.max_event_bytes
     with socket.create_connection((host, port), timeout=10) as conn:
         conn.sendall(
             b"POST /v1/webhooks/openai HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -315,15 +258,10 @@ def test_too_large_is_refused_before_the_body_is_read(
         assert answer.startswith(b"HTTP/1.1 413"), answer[:100]
 
 
-def _host_port(ingress: IngressProcess) -> tuple[str, int]:
-    assert ingress.address is not None
-    match = re.fullmatch(r"http://([\d.]+):(\d+)", ingress.address)
-    assert match is not None
-    return match.group(1), int(match.group(2))
-
-
-def test_a_slow_client_cannot_hold_a_connection(secure: Settings, ingress: IngressProcess) -> None:
-    host, port = _host_port(ingress)
+def test_a_slow_client_cannot_hold_a_connection(
+    webhooks_secure: Settings, ingress: IngressProcess
+) -> None:
+    host, port = host_port(ingress)
     # Headers one byte at a time: the connection is closed at the read timeout (2 s here).
     with socket.create_connection((host, port), timeout=10) as conn:
         started_at = time.monotonic()
@@ -359,14 +297,14 @@ def _closed(conn: socket.socket, wait_s: float) -> bool:
         conn.settimeout(10)
 
 
-def test_overload_and_drain(secure: Settings) -> None:
+def test_overload_and_drain(webhooks_secure: Settings) -> None:
     process = IngressProcess(
-        _ingress_env(secure, MATCHER_INGRESS_MAX_CONCURRENCY="1",
+        ingress_env(webhooks_secure, MATCHER_INGRESS_MAX_CONCURRENCY="1",
                      MATCHER_INGRESS_READ_TIMEOUT_S="20")
     )  # fmt: skip
     address = process.wait_listening()
     process.wait_ready()
-    host, port = _host_port(process)
+    host, port = host_port(process)
     # A burst of complete requests on connections opened first: one slot judges and
     # forwards one at a time (milliseconds each, Kafka's acknowledgement included); the
     # rest are answered 503 at once, and none is lost.
@@ -392,7 +330,7 @@ def test_overload_and_drain(secure: Settings) -> None:
     request = _raw_request(body, senders.standard_request(body, "msg_drain"))
     with socket.create_connection((host, port), timeout=20) as slow:
         slow.sendall(request[:-10])
-        other = _post(address, "openai", senders.standard_request(body, "m2"), body)
+        other = post(address, "openai", senders.standard_request(body, "m2"), body)
         assert other.status_code == 202
         process.process.send_signal(signal.SIGTERM)  # drains: the slow request still ends
         wait_until(lambda: "draining in-flight requests" in process.output)
@@ -422,18 +360,20 @@ def wait_until(check: Any, timeout: float = 20) -> None:
         time.sleep(0.05)
 
 
-def test_kafka_unavailable_is_503_with_retry_after(secure: Settings) -> None:
+def test_kafka_unavailable_is_503_with_retry_after(webhooks_secure: Settings) -> None:
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
         dead = f"127.0.0.1:{unused.getsockname()[1]}"
     process = IngressProcess(
-        _ingress_env(secure, MATCHER_KAFKA_BOOTSTRAP_SERVERS=dead, MATCHER_STARTUP_TIMEOUT_S="1")
+        ingress_env(
+            webhooks_secure, MATCHER_KAFKA_BOOTSTRAP_SERVERS=dead, MATCHER_STARTUP_TIMEOUT_S="1"
+        )
     )
     try:
         address = process.wait_listening()
         assert httpx.get(f"{address}/readyz", timeout=HTTP_TIMEOUT).status_code == 503
         body = senders.body_bytes(senders.openai_batch("batch_x"))
-        response = _post(address, "openai", senders.standard_request(body, "m1"), body)
+        response = post(address, "openai", senders.standard_request(body, "m1"), body)
         assert response.status_code == 503
         assert response.json() == {"reason": "kafka_unavailable"}
         assert response.headers["retry-after"] == "5"
@@ -441,24 +381,24 @@ def test_kafka_unavailable_is_503_with_retry_after(secure: Settings) -> None:
         assert process.stop() == 0, process.output
 
 
-async def test_a_compromised_ingress_cannot_advance_a_run(secure: Settings) -> None:
+async def test_a_compromised_ingress_cannot_advance_a_run(webhooks_secure: Settings) -> None:
     """Whatever writes to the events topic in the ingress's name, the daemon verifies."""
-    run_id = _wait_for(secure, "acme", "batch.completed", "batch_forged")
+    run_id = wait_for(webhooks_secure, "acme", "batch.completed", "batch_forged")
     body = senders.body_bytes(senders.openai_batch("batch_forged"))
     forged = senders.standard_request(body, "msg_forged", secret="whsec_QUJDREVGR0g=")
     headers = [("matcher_webhook", b"openai")] + [(n.decode(), v) for n, v in forged]
-    async with running_daemon(secure):
-        producer = AIOKafkaProducer(**secure.kafka_client_options())
+    async with running_daemon(webhooks_secure):
+        producer = AIOKafkaProducer(**webhooks_secure.kafka_client_options())
         async with started(producer):
             await producer.send_and_wait(
-                secure.events_topic, body, key=b"acme\x1fbatch_forged", headers=headers
+                webhooks_secure.events_topic, body, key=b"acme\x1fbatch_forged", headers=headers
             )
         await eventually(
-            lambda: bool(rows(secure, "SELECT 1 FROM matcher.quarantine")),
+            lambda: bool(rows(webhooks_secure, "SELECT 1 FROM matcher.quarantine")),
             what="the forged record quarantined",
         )
-    found = rows(secure, "SELECT reason, producer FROM matcher.quarantine")
+    found = rows(webhooks_secure, "SELECT reason, producer FROM matcher.quarantine")
     assert found == [{"reason": "bad_signature", "producer": "openai"}]
-    waits = rows(secure, "SELECT state FROM matcher.waits WHERE run_id = %s", (run_id,))
+    waits = rows(webhooks_secure, "SELECT state FROM matcher.waits WHERE run_id = %s", (run_id,))
     assert waits == [{"state": "waiting"}]
     await asyncio.sleep(0)

@@ -3,34 +3,19 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from matcher.config import Settings
-from tests import webhook_senders as senders
-from tests.helpers import IngressProcess
-from tests.integration.test_ingress import _host_port, _ingress_env
+from tests.support import webhooks as senders
+from tests.support.ingress import host_port
+from tests.support.processes import IngressProcess
 
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture
-def ingress(settings: Settings, tmp_path: Path) -> Iterator[IngressProcess]:
-    producers = tmp_path / "producers.toml"
-    producers.write_text(senders.PRODUCERS_TOML)
-    secure = settings.model_copy(update={"producers_file": producers, "allow_unsigned": False})
-    process = IngressProcess(_ingress_env(secure, MATCHER_INGRESS_READ_TIMEOUT_S="2"))
-    process.wait_listening()
-    process.wait_ready()
-    yield process
-    assert process.stop() == 0, process.output
-
-
 def _exchange(ingress: IngressProcess, request: bytes) -> bytes:
     """Everything the ingress answers on one connection, until it closes or goes quiet."""
-    with socket.create_connection(_host_port(ingress), timeout=10) as conn:
+    with socket.create_connection(host_port(ingress), timeout=10) as conn:
         conn.sendall(request)
         conn.settimeout(3)
         answer = b""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from matcher.config import Settings
-from tests.helpers import started, within
+from tests.support.kafka import started, within
 
 
 async def _consume(settings: Settings, want: int) -> list[bytes]:

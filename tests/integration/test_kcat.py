@@ -18,8 +18,11 @@ from matcher_producer import KafkaRecord
 from prometheus_client import REGISTRY
 
 from matcher.config import Settings
-from tests.helpers import eventually, installed_tool, read_resumes, rows, running_daemon, scalar
-from tests.integration.test_security import _signed, _wait_for, secure  # noqa: F401
+from tests.support.assertions import eventually
+from tests.support.db import rows, scalar
+from tests.support.kafka import read_resumes
+from tests.support.processes import installed_tool, running_daemon
+from tests.support.producers import signed, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -54,12 +57,12 @@ def _published(settings: Settings) -> int:
 @pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
 async def test_signed_events_kcat_publishes_resolve_their_waits(
     kcat: str,
-    secure: Settings,  # noqa: F811
+    secure: Settings,
     codec: str,
 ) -> None:
-    events = [_signed(structured=structured) for structured in (False, True)]
+    events = [signed(structured=structured) for structured in (False, True)]
     for event, _ in events:
-        _wait_for(secure, event)
+        wait_for(secure, event)
     async with running_daemon(secure):
         for _, record in events:
             _publish(kcat, secure, record, codec)
@@ -78,11 +81,11 @@ async def test_signed_events_kcat_publishes_resolve_their_waits(
 
 async def test_a_record_kcat_mangles_is_quarantined_and_the_partition_goes_on(
     kcat: str,
-    secure: Settings,  # noqa: F811
+    secure: Settings,
 ) -> None:
     """A header value changed after signing (kcat sends what it is given): refused with a
     reason, and the next record of the same key, intact, still resolves its wait."""
-    mangled_event, record = _signed(correlation_id=f"c-{uuid.uuid4().hex[:8]}")
+    mangled_event, record = signed(correlation_id=f"c-{uuid.uuid4().hex[:8]}")
     tampered = KafkaRecord(
         key=record.key,
         headers=[
@@ -90,8 +93,8 @@ async def test_a_record_kcat_mangles_is_quarantined_and_the_partition_goes_on(
         ],
         value=record.value,
     )
-    good_event, good = _signed(correlation_id=mangled_event.correlation_id)
-    _wait_for(secure, mangled_event)
+    good_event, good = signed(correlation_id=mangled_event.correlation_id)
+    wait_for(secure, mangled_event)
     async with running_daemon(secure):
         _publish(kcat, secure, tampered, "none")
         _publish(kcat, secure, good, "none")
@@ -114,16 +117,16 @@ def _received(result: str) -> float:
 
 async def test_a_replayed_record_and_a_reused_id_are_stored_once(
     kcat: str,
-    secure: Settings,  # noqa: F811
+    secure: Settings,
 ) -> None:
     """kcat sends a captured signed record, then, once it is stored, the same record twice
     more and a second signed event that reuses its id under another correlation id (a
     wait registered for each): the id stays stored once, as the first record says, and
     the reuse resolves nothing (a duplicate is dropped, not read with another meaning)."""
-    first, record = _signed(correlation_id=f"c-{uuid.uuid4().hex[:8]}")
-    reuse, reused = _signed(id=first.id, correlation_id=f"c-{uuid.uuid4().hex[:8]}")
-    _wait_for(secure, first)
-    _wait_for(secure, reuse)
+    first, record = signed(correlation_id=f"c-{uuid.uuid4().hex[:8]}")
+    reuse, reused = signed(id=first.id, correlation_id=f"c-{uuid.uuid4().hex[:8]}")
+    wait_for(secure, first)
+    wait_for(secure, reuse)
     async with running_daemon(secure):
         _publish(kcat, secure, record, "none")
         await eventually(lambda: _published(secure) == 1, timeout=60, what="the first resumed")

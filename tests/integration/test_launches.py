@@ -18,7 +18,9 @@ from matcher.sdk import (
     record_job_id,
     record_launch,
 )
-from tests.helpers import DaemonProcess, event, process_env, produce, read_resumes, running_daemon
+from tests.support.kafka import produce, read_resumes
+from tests.support.processes import DaemonProcess, process_env, running_daemon
+from tests.support.records import event
 
 ROOT = Path(__file__).parents[2]
 

@@ -33,7 +33,9 @@ from tests.fuzzing.choosers import HypothesisChooser
 from tests.fuzzing.numbers import number_text
 from tests.fuzzing.records import fuzz_record
 from tests.fuzzing.target import judge_record
-from tests.helpers import env_flag, parse_record, rematch_all
+from tests.support.assertions import env_flag
+from tests.support.db import rematch_all
+from tests.support.records import parse_record
 
 EXAMPLES = env_flag("MATCHER_TEST_PROPERTY_EXAMPLES", 150)
 pytestmark = pytest.mark.timeout(120 + EXAMPLES // 2)

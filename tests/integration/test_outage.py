@@ -19,29 +19,21 @@ from collections.abc import Iterator, Sequence
 
 import psycopg
 import pytest
+from matcher_devstack import kafka as devstack_kafka
+from matcher_devstack import postgres as devstack_postgres
+from matcher_devstack.stack import Devstack, project_root
 
 from matcher.config import Settings
-from matcher.devstack import kafka as devstack_kafka
-from matcher.devstack import postgres as devstack_postgres
-from matcher.devstack.stack import Devstack, project_root
 from matcher.domain.events import CompletionEvent
 from matcher.domain.waits import WaitSpec
 from matcher.kafka.topics import ensure_topics
 from matcher.sdk import cancel_wait, register_wait
 from matcher.store.migrate import migrate
-from tests.helpers import (
-    DaemonProcess,
-    all_published,
-    check_exactly_once,
-    event,
-    eventually,
-    process_env,
-    produce,
-    published,
-    read_resumes,
-    register_waits,
-    scalar,
-)
+from tests.support.assertions import check_exactly_once, eventually
+from tests.support.db import all_published, published, register_waits, scalar
+from tests.support.kafka import produce, read_resumes
+from tests.support.processes import DaemonProcess, process_env
+from tests.support.records import event
 
 # A private stack starts in ~20 s; a restart under load takes a minute or two, more on a
 # loaded machine.

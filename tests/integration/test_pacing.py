@@ -13,19 +13,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import pytest
 from aiokafka import AIOKafkaConsumer
 
 from matcher.config import Settings
-from tests.helpers import (
-    event,
-    events_producer,
-    eventually,
-    inbox_count,
-    running_ingest,
-    started,
-    to_record,
-)
-from tests.integration.test_fetch import time_limit
+from tests.support.assertions import eventually
+from tests.support.db import inbox_count
+from tests.support.kafka import events_producer, started, to_record
+from tests.support.processes import running_ingest
+from tests.support.records import event
 
 # The longest pacing there is: the daemon spends nearly all its time in a paced batch,
 # so the rebalance begins during one.
@@ -65,7 +61,7 @@ def _second_member(settings: Settings) -> AIOKafkaConsumer:
     )
 
 
-@time_limit(150)
+@pytest.mark.timeout(150)
 async def test_a_rebalance_during_a_paced_batch_settles_and_loses_nothing(
     settings: Settings,
 ) -> None:

@@ -28,19 +28,11 @@ from matcher.sdk import register_wait
 from matcher.store.ingest import store_batch
 from matcher.store.maintenance import _forget_day_ids, drop_expired_days
 from matcher.store.sql import query
-from tests.helpers import (
-    backdate_events,
-    ensure_inbox_days,
-    env_flag,
-    event,
-    eventually,
-    ingest_record,
-    produce,
-    register_waits,
-    rows,
-    running_daemon,
-    scalar,
-)
+from tests.support.assertions import env_flag, eventually
+from tests.support.db import backdate_events, ensure_inbox_days, register_waits, rows, scalar
+from tests.support.kafka import produce
+from tests.support.processes import running_daemon
+from tests.support.records import event, ingest_record
 
 
 def _day_of(settings: Settings, days_ago: int) -> str:

@@ -25,16 +25,8 @@ from matcher.store.ingest import store_batch
 from matcher.store.isolation import read_committed
 from matcher.store.pipelined import pipelined_transaction
 from matcher.store.rematch import rematch_once
-from tests.helpers import (
-    db,
-    event,
-    inbox_count,
-    ingest_record,
-    parse_record,
-    raw,
-    register_waits,
-    scalar,
-)
+from tests.support.db import db, inbox_count, register_waits, scalar
+from tests.support.records import event, ingest_record, parse_record, raw
 
 
 def _cancelled_waits(settings: Settings, count: int) -> None:

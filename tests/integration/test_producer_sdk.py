@@ -14,7 +14,8 @@ from matcher_producer import CompletionEvent, EventPublisher, SigningKey
 from matcher.config import Settings
 from matcher.domain.waits import WaitSpec
 from matcher.sdk import register_wait
-from tests.helpers import process_env, read_resumes, running_daemon
+from tests.support.kafka import read_resumes
+from tests.support.processes import process_env, running_daemon
 
 SECRET = "whsec_" + base64.b64encode(b"sdk-test-secret-0123456789abcdef").decode()
 ED_SEED = b"e" * 32

@@ -16,7 +16,7 @@ from psycopg.types.json import Jsonb
 
 from matcher.store import outbox
 from matcher.store.sql import query
-from tests.conftest import Services, _create_db, _drop_db, with_database
+from tests.support.services import Services, create_database, drop_database, with_database
 
 ROWS = 60_000
 
@@ -27,14 +27,14 @@ def big(services: Services, template_db: str) -> Iterator[psycopg.Connection[Any
     never run, so the tests cannot change what the next one sees (filling it once per
     test cost over a minute)."""
     name = f"matcher_t_{uuid.uuid4().hex[:12]}"
-    _create_db(services, name, template=template_db)
+    create_database(services, name, template=template_db)
     try:
         url = with_database(services.database_url, name)
         with psycopg.connect(url, autocommit=True) as conn:
             _fill(conn)
             yield conn
     finally:
-        _drop_db(services, name)
+        drop_database(services, name)
 
 
 def _fill(conn: psycopg.Connection[Any]) -> None:

@@ -21,16 +21,11 @@ from matcher.config import Settings
 from matcher.domain.resume import ResumeCloudEvent, ResumeData, ResumeEvent, resume_message
 from matcher.domain.waits import Outcome, WaitSpec
 from matcher.sdk import cancel_wait, register_wait
-from tests.helpers import (
-    event,
-    eventually,
-    produce,
-    rows,
-    running_daemon,
-    scalar,
-    started,
-    within,
-)
+from tests.support.assertions import eventually
+from tests.support.db import rows, scalar
+from tests.support.kafka import produce, started, within
+from tests.support.processes import running_daemon
+from tests.support.records import event
 
 AWKWARD_DATA: list[Any] = [
     {"result": 42, "nested": {"list": [1, 2.5, -3e-7, None, True], "empty": {}}},

@@ -29,19 +29,11 @@ from matcher.domain.events import CompletionEvent
 from matcher.domain.resume import ResumeData
 from matcher.domain.waits import WaitSpec
 from matcher.sdk import advance, register_wait
-from tests.helpers import (
-    DaemonProcess,
-    env_flag,
-    event,
-    eventually,
-    process_env,
-    read_resumes,
-    rows,
-    scalar,
-    started,
-    to_record,
-    within,
-)
+from tests.support.assertions import env_flag, eventually
+from tests.support.db import rows, scalar
+from tests.support.kafka import read_resumes, started, to_record, within
+from tests.support.processes import DaemonProcess, process_env
+from tests.support.records import event
 
 TENANT = "acme"
 # A small relay batch makes "at most one in-flight batch was published twice" a sharp

@@ -6,17 +6,14 @@ file and signatures required.
 
 from __future__ import annotations
 
-import base64
 import json
 import random
 import signal
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-import psycopg
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from matcher_producer import CompletionEvent as ProducerEvent
@@ -24,108 +21,12 @@ from matcher_producer import KafkaRecord, SigningKey, encode, sign_record
 from prometheus_client import REGISTRY
 
 from matcher.config import Settings
-from matcher.domain.waits import WaitSpec
 from matcher.kafka.topics import ensure_topics
-from matcher.sdk import register_wait
-from tests.helpers import (
-    DaemonProcess,
-    env_flag,
-    eventually,
-    process_env,
-    produce_raw,
-    read_resumes,
-    rows,
-    run_cli,
-    running_daemon,
-    scalar,
-    started,
-    within,
-)
-
-K1 = "whsec_" + base64.b64encode(b"k1-secret-of-the-billing-service").decode()
-K2 = "whsec_" + base64.b64encode(b"k2-secret-of-the-billing-service").decode()
-STRANGER = "whsec_" + base64.b64encode(b"a-key-nobody-has-registered-here").decode()
-
-SCHEMA = {
-    "type": "object",
-    "required": ["rows"],
-    "properties": {"rows": {"type": "integer", "minimum": 0}},
-}
-
-
-def _producers_file(
-    directory: Path, keys: dict[str, str], *, broken: bool = False, latin1: bool = False
-) -> Path:
-    path = directory / "producers.toml"
-    (directory / "schemas").mkdir(exist_ok=True)
-    (directory / "schemas" / "job.completed.json").write_text(json.dumps(SCHEMA))
-    key_lines = "\n".join(
-        f'[[producers."billing-svc".keys]]\nid = "{k}"\nhmac_secret = "{v}"'
-        for k, v in keys.items()
-    )
-    text = f"""
-schema_dir = "schemas"
-
-[producers."billing-svc"]
-tenants = ["acme"]
-types = ["job.completed", "job.failed"]
-{key_lines}
-"""
-    if broken:
-        text += "\n[producers.oops\n"
-    tmp = path.with_suffix(".tmp")
-    # latin1: valid TOML but for one byte that is not UTF-8 (a comment written in Latin-1).
-    tmp.write_bytes(text.encode() + (b"# caf\xe9\n" if latin1 else b""))
-    tmp.replace(path)  # atomic, as config management tools do it
-    return path
-
-
-@pytest.fixture
-def secure(settings: Settings, tmp_path: Path) -> Settings:
-    return settings.model_copy(
-        update={
-            "allow_unsigned": False,
-            "producers_file": _producers_file(tmp_path, {"k1": K1}),
-            "max_event_bytes": 8192,
-            "producers_reload_interval_s": 0.2,
-        }
-    )
-
-
-def _signed(
-    key: str | None = K1,
-    *,
-    structured: bool = False,
-    timestamp: int | None = None,
-    **fields: object,
-) -> tuple[ProducerEvent, KafkaRecord]:
-    values: dict[str, object] = {
-        "source": "billing-svc",
-        "type": "job.completed",
-        "tenant": "acme",
-        "correlation_id": f"c-{uuid.uuid4().hex[:8]}",
-        "data": {"rows": 7},
-    }
-    values.update(fields)
-    event = ProducerEvent(**values)  # type: ignore[arg-type]
-    record = encode(event, structured=structured)
-    if key is not None:
-        record = sign_record(record, event.id, [SigningKey.parse("k", key)], timestamp)
-    return event, record
-
-
-def _wait_for(settings: Settings, event: ProducerEvent, tenant: str | None = None) -> None:
-    with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as conn:
-        register_wait(
-            conn,
-            WaitSpec(
-                tenant=tenant or event.tenant,
-                run_id=f"run-{event.correlation_id}",
-                position=0,
-                event_types=["job.completed", "job.failed", "job.progress"],
-                correlation_id=event.correlation_id,
-            ),
-        )
+from tests.support.assertions import env_flag, eventually
+from tests.support.db import rows, scalar
+from tests.support.kafka import produce_raw, read_resumes, started, within
+from tests.support.processes import DaemonProcess, process_env, run_cli, running_daemon
+from tests.support.producers import K1, K2, STRANGER, producers_file, signed, wait_for
 
 
 def _metric(reason: str) -> float:
@@ -161,20 +62,20 @@ async def test_every_reason_code_is_quarantined_and_advances_nothing(secure: Set
     await ensure_topics(secure.kafka_client_options(), [dead_letter_topic], partitions=6)
     secure = secure.model_copy(update={"dead_letter_topic": dead_letter_topic})
     crafted: dict[str, tuple[ProducerEvent, KafkaRecord]] = {
-        "unknown_producer": _signed(STRANGER, source="mallory-svc"),
-        "bad_signature": _signed(STRANGER),
-        "expired_timestamp": _signed(timestamp=int(time.time()) - 600),
-        "tenant_not_allowed": _signed(tenant="globex"),
-        "type_not_allowed": _signed(type="job.progress"),
-        "schema_invalid": _signed(data={"rows": "many"}),
-        "too_large": _signed(data={"rows": 1, "pad": "x" * 9000}),
+        "unknown_producer": signed(STRANGER, source="mallory-svc"),
+        "bad_signature": signed(STRANGER),
+        "expired_timestamp": signed(timestamp=int(time.time()) - 600),
+        "tenant_not_allowed": signed(tenant="globex"),
+        "type_not_allowed": signed(type="job.progress"),
+        "schema_invalid": signed(data={"rows": "many"}),
+        "too_large": signed(data={"rows": 1, "pad": "x" * 9000}),
     }
-    good_event, good_record = _signed(structured=True)
+    good_event, good_record = signed(structured=True)
     for event, _ in crafted.values():
-        _wait_for(secure, event)
+        wait_for(secure, event)
     # The wrong-tenant event's correlation id is also awaited by a run of that tenant.
-    _wait_for(secure, crafted["tenant_not_allowed"][0], tenant="globex")
-    _wait_for(secure, good_event)
+    wait_for(secure, crafted["tenant_not_allowed"][0], tenant="globex")
+    wait_for(secure, good_event)
     # The reasons this test provokes (the gate's own are tested at the unit level).
     reasons = (*crafted, "malformed")
     before = {reason: _metric(reason) for reason in reasons}
@@ -203,10 +104,10 @@ async def test_every_reason_code_is_quarantined_and_advances_nothing(secure: Set
 
 
 async def test_a_producer_cannot_resolve_another_tenants_wait(secure: Settings) -> None:
-    event, record = _signed(tenant="globex")  # validly signed, wrong tenant
-    _wait_for(secure, event, tenant="globex")
-    after, after_record = _signed(correlation_id=event.correlation_id, tenant="acme")
-    _wait_for(secure, after)
+    event, record = signed(tenant="globex")  # validly signed, wrong tenant
+    wait_for(secure, event, tenant="globex")
+    after, after_record = signed(correlation_id=event.correlation_id, tenant="acme")
+    wait_for(secure, after)
     async with running_daemon(secure):
         await produce_raw(
             secure,
@@ -239,8 +140,8 @@ async def test_registry_reload_rotation_and_replay(secure: Settings, tmp_path: P
     daemon = _reloading_daemon(secure)
 
     async def deliver(key: str) -> ProducerEvent:
-        event, record = _signed(key)
-        _wait_for(secure, event)
+        event, record = signed(key)
+        wait_for(secure, event)
         await produce_raw(secure, [(None, record.headers, record.value)])
         return event
 
@@ -262,7 +163,7 @@ async def test_registry_reload_rotation_and_replay(secure: Settings, tmp_path: P
         await eventually(stored(early_k2))
         assert scalar(secure, "SELECT reason FROM matcher.quarantine") == "bad_signature"
 
-        _producers_file(tmp_path, {"k1": K1, "k2": K2})  # rotation: both keys listed
+        producers_file(tmp_path, {"k1": K1, "k2": K2})  # rotation: both keys listed
         await eventually(lambda: "producer registry reloaded" in daemon.output, timeout=10)
         for key in (K1, K2):
             accepted = await deliver(key)
@@ -274,7 +175,7 @@ async def test_registry_reload_rotation_and_replay(secure: Settings, tmp_path: P
                 == 1
             )
 
-        _producers_file(tmp_path, {"k2": K2}, broken=True)  # a broken edit...
+        producers_file(tmp_path, {"k2": K2}, broken=True)  # a broken edit...
         await eventually(lambda: "not reloaded" in daemon.output, timeout=10)
         daemon.process.send_signal(signal.SIGHUP)  # ...and a SIGHUP on it
         # The SIGHUP's own reload (not the file watcher's), refused like the first.
@@ -291,7 +192,7 @@ async def test_registry_reload_rotation_and_replay(secure: Settings, tmp_path: P
             == 1
         )
 
-        _producers_file(tmp_path, {"k2": K2})  # k1 retired
+        producers_file(tmp_path, {"k2": K2})  # k1 retired
         await eventually(lambda: daemon.output.count("producer registry reloaded") >= 2, timeout=10)
         retired = await deliver(K1)
         await eventually(stored(retired))
@@ -332,7 +233,7 @@ async def test_a_reload_of_a_file_that_is_not_utf8_keeps_the_last_good_registry(
     daemon; now the file watcher and SIGHUP both refuse it, and k1 stays in force."""
     daemon = _reloading_daemon(secure)
     try:
-        _producers_file(tmp_path, {"k2": K2}, latin1=True)  # loaded, it would retire k1
+        producers_file(tmp_path, {"k2": K2}, latin1=True)  # loaded, it would retire k1
         await eventually(
             _logged(daemon, "producer registry not reloaded", "not valid UTF-8", "offset"),
             timeout=10,
@@ -345,20 +246,20 @@ async def test_a_reload_of_a_file_that_is_not_utf8_keeps_the_last_good_registry(
             what="the SIGHUP reload's refusal",
         )
         assert daemon.process.poll() is None, daemon.output
-        event, record = _signed(K1)
-        _wait_for(secure, event)
+        event, record = signed(K1)
+        wait_for(secure, event)
         await produce_raw(secure, [(None, record.headers, record.value)])
         count = "SELECT count(*) FROM matcher.inbox WHERE event_id = %s"
         await eventually(lambda: scalar(secure, count, [event.id]) == 1, what="k1 accepted")
-        _producers_file(tmp_path, {"k1": K1, "k2": K2})  # fixed: the watch still works
+        producers_file(tmp_path, {"k1": K1, "k2": K2})  # fixed: the watch still works
         await eventually(_logged(daemon, "producer registry reloaded"), timeout=10)
     finally:
         assert daemon.terminate() == 0, daemon.output
 
 
 async def test_replaying_a_duplicate_is_recognised(secure: Settings) -> None:
-    event, record = _signed(K1)
-    _wait_for(secure, event)
+    event, record = signed(K1)
+    wait_for(secure, event)
     # The same event twice: once with a stranger's signature, once properly.
     bad = sign_record(
         replace(record, headers=[h for h in record.headers if not h[0].startswith("webhook-")]),
@@ -409,7 +310,7 @@ def _mutations(
     UTF-8, huge values, truncations, pure noise."""
     out: list[tuple[bytes | None, list[tuple[str, bytes]], bytes]] = []
     for n in range(count):
-        _, record = _signed(structured=rng.random() < 0.5, correlation_id=f"fuzz-{n % 50}")
+        _, record = signed(structured=rng.random() < 0.5, correlation_id=f"fuzz-{n % 50}")
         headers = list(record.headers)
         value = bytearray(record.value)
         for _ in range(rng.randint(1, 4)):
@@ -445,14 +346,14 @@ async def test_fuzzed_messages_never_stall_crash_or_advance(secure: Settings) ->
     count = env_flag("MATCHER_TEST_FUZZ_MESSAGES", 2000)
     rng = random.Random(20261130)
     for n in range(50):
-        _wait_for(
+        wait_for(
             secure,
             ProducerEvent(
                 source="s", type="job.completed", tenant="acme", correlation_id=f"fuzz-{n}"
             ),
         )
-    sentinel, sentinel_record = _signed(structured=False)
-    _wait_for(secure, sentinel)
+    sentinel, sentinel_record = signed(structured=False)
+    wait_for(secure, sentinel)
     messages = _mutations(rng, count)
     messages.append((b"last", sentinel_record.headers, sentinel_record.value))
     async with running_daemon(secure) as task:

@@ -35,7 +35,8 @@ from matcher.domain.waits import WaitSpec
 from matcher.sdk import cancel_wait, register_wait
 from matcher.store.ingest import store_batch
 from matcher.store.rematch import rematch_once
-from tests.helpers import env_flag, event, ingest_record
+from tests.support.assertions import env_flag
+from tests.support.records import event, ingest_record
 
 KEYS = [("acme", "c1"), ("acme", "c2"), ("globex", "c1")]
 TYPES = ["done", "failed"]

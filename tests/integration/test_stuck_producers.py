@@ -43,19 +43,11 @@ from aiokafka.protocol.transaction import InitProducerIdRequest
 from matcher.config import Settings
 from matcher.kafka.deadlines import start_producer, stop_producer
 from matcher.kafka.topics import delete_topics, ensure_topics
-from tests.helpers import (
-    DaemonProcess,
-    check_exactly_once,
-    event,
-    eventually,
-    process_env,
-    produce,
-    produce_raw,
-    published,
-    read_resume_messages,
-    register_waits,
-    scalar,
-)
+from tests.support.assertions import check_exactly_once, eventually
+from tests.support.db import published, register_waits, scalar
+from tests.support.kafka import produce, produce_raw, read_resume_messages
+from tests.support.processes import DaemonProcess, process_env
+from tests.support.records import event
 
 pytestmark = pytest.mark.timeout(300)
 

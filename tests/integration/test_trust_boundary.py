@@ -33,84 +33,30 @@ from matcher_producer import CompletionEvent as ProducerEvent
 from matcher_producer import KafkaRecord, SigningKey, encode, sign_record
 
 from matcher.config import Settings
-from matcher.domain.waits import WaitSpec
-from matcher.sdk import register_wait
-from tests import webhook_senders as senders
-from tests.conftest import Services, own_database, own_settings
-from tests.helpers import (
+from tests.support import webhooks as senders
+from tests.support.assertions import eventually
+from tests.support.db import rows, scalar
+from tests.support.ingress import (
+    HTTP_TIMEOUT,
+    metrics_text,
+    post,
+    producers_file,
+    running_ingress,
+    wait_for,
+)
+from tests.support.kafka import produce_raw
+from tests.support.processes import (
     DaemonProcess,
-    IngressProcess,
-    eventually,
     process_env,
-    produce_raw,
-    rows,
     run_cli,
     running_daemon,
-    scalar,
 )
+from tests.support.services import Services, own_database, own_settings
 
 pytestmark = pytest.mark.timeout(300)
 
-HTTP = httpx.Timeout(20.0)
 INFINITY = b"2" + b"0" * 210 + b"e99"  # 2e309: no long exponent, no long run of digits
 MARKER = "leak-canary-7f3a9c"  # event data that must never reach a log line
-
-
-def _producers(directory: Path, extra: str = "") -> Path:
-    path = directory / "producers.toml"
-    path.write_text(senders.PRODUCERS_TOML + extra)
-    return path
-
-
-@pytest.fixture
-def secure(settings: Settings, tmp_path: Path) -> Settings:
-    return settings.model_copy(
-        update={"producers_file": _producers(tmp_path), "allow_unsigned": False}
-    )
-
-
-def _ingress(settings: Settings, **extra: str) -> IngressProcess:
-    env = process_env(settings, MATCHER_ALLOW_UNSIGNED="false", **extra)
-    env["MATCHER_PRODUCERS_FILE"] = str(settings.producers_file)
-    env.pop("MATCHER_DATABASE_URL")  # the ingress has no database access
-    process = IngressProcess(env)
-    process.wait_listening()
-    process.wait_ready()
-    return process
-
-
-@contextlib.contextmanager
-def _running_ingress(settings: Settings, **extra: str) -> Iterator[IngressProcess]:
-    process = _ingress(settings, **extra)
-    try:
-        yield process
-    finally:
-        assert process.stop() == 0, process.output
-
-
-def _wait(settings: Settings, correlation: str, event_type: str = "batch.completed") -> str:
-    run_id = f"run-{correlation}"
-    with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as conn:
-        register_wait(
-            conn,
-            WaitSpec(
-                tenant="acme",
-                run_id=run_id,
-                position=0,
-                event_types=[event_type],
-                correlation_id=correlation,
-            ),
-        )
-    return run_id
-
-
-def _post(address: str, producer: str, headers: senders.Headers, body: bytes) -> httpx.Response:
-    return httpx.post(
-        f"{address}/v1/webhooks/{producer}",
-        content=body,
-        headers=[(n.decode(), v.decode()) for n, v in headers],
-        timeout=HTTP,
-    )
 
 
 def _signed_binary(correlation: str, data: bytes, event_id: str | None = None) -> KafkaRecord:
@@ -132,40 +78,42 @@ def _signed_binary(correlation: str, data: bytes, event_id: str | None = None) -
 # --- 1. numbers ---------------------------------------------------------------------------
 
 
-async def test_a_number_a_double_cannot_hold_is_refused_and_explained(secure: Settings) -> None:
+async def test_a_number_a_double_cannot_hold_is_refused_and_explained(
+    webhooks_secure: Settings,
+) -> None:
     """2e309 written without a long exponent once parsed to Infinity: 202 at the ingress,
     then refused by Postgres and quarantined with no attributes, so explain said
     missing_signal. Now it is refused at the edge, and on Kafka quarantined with the
     correlation id it claimed, and explain names the refusal."""
-    run_id = _wait(secure, "num-kafka", "job.completed")
-    async with running_daemon(secure):
+    run_id = wait_for(webhooks_secure, "acme", "job.completed", "num-kafka")
+    async with running_daemon(webhooks_secure):
         for data, correlation in [
             (b'{"n": ' + INFINITY + b"}", "num-kafka"),
             (b'{"n": 1' + b"0" * 5000 + b"}", "num-digits"),
         ]:
             record = _signed_binary(correlation, data)
-            await produce_raw(secure, [(record.key, record.headers, record.value)])
+            await produce_raw(webhooks_secure, [(record.key, record.headers, record.value)])
         await eventually(
-            lambda: scalar(secure, "SELECT count(*) FROM matcher.quarantine") == 2,
+            lambda: scalar(webhooks_secure, "SELECT count(*) FROM matcher.quarantine") == 2,
             what="both records quarantined",
         )
-    found = rows(secure, "SELECT correlation_id, reason, detail FROM matcher.quarantine")
+    found = rows(webhooks_secure, "SELECT correlation_id, reason, detail FROM matcher.quarantine")
     by_correlation = {r["correlation_id"]: r for r in found}
     assert set(by_correlation) == {"num-kafka", "num-digits"}
     assert all(r["reason"] == "malformed" for r in found)
     assert "beyond a double's range" in by_correlation["num-kafka"]["detail"]
     assert "5001 digits" in by_correlation["num-digits"]["detail"]
-    explained = run_cli(secure, "explain", run_id, "--json")
+    explained = run_cli(webhooks_secure, "explain", run_id, "--json")
     assert explained.returncode == 0, explained.stderr
     body = json.loads(explained.stdout)
     assert body["verdict"] == "mismatch", body
     assert any("quarantined" in reason and "malformed" in reason for reason in body["reasons"])
-    with _running_ingress(secure) as ingress:
+    with running_ingress(webhooks_secure) as ingress:
         assert ingress.address is not None
         document = json.dumps(senders.openai_batch("batch_num")).encode()
         body_bytes = document.replace(b'"batch_num"}', b'"batch_num", "n": ' + INFINITY + b"}")
         assert INFINITY in body_bytes
-        answer = _post(
+        answer = post(
             ingress.address, "openai", senders.standard_request(body_bytes, "m-inf"), body_bytes
         )
         assert answer.status_code == 400, answer.text
@@ -234,8 +182,8 @@ async def test_no_event_data_reaches_the_daemons_log(settings: Settings) -> None
     assert leaking == [], leaking
 
 
-def test_no_event_data_reaches_the_ingress_log(secure: Settings) -> None:
-    with _running_ingress(secure, MATCHER_LOG_LEVEL="DEBUG") as ingress:
+def test_no_event_data_reaches_the_ingress_log(webhooks_secure: Settings) -> None:
+    with running_ingress(webhooks_secure, MATCHER_LOG_LEVEL="DEBUG") as ingress:
         assert ingress.address is not None
         for body in [
             b'{"secret": "' + MARKER.encode() + b'", "n": ' + INFINITY + b"}",
@@ -243,7 +191,7 @@ def test_no_event_data_reaches_the_ingress_log(secure: Settings) -> None:
             json.dumps({"type": "batch.completed", "secret": MARKER}).encode(),
             json.dumps(senders.openai_batch(MARKER)).encode(),
         ]:
-            answer = _post(ingress.address, "openai", senders.standard_request(body, "m"), body)
+            answer = post(ingress.address, "openai", senders.standard_request(body, "m"), body)
             assert answer.status_code in (202, 400), answer.text
             assert MARKER not in answer.text
     assert [line for line in ingress.lines if MARKER in line] == []
@@ -260,7 +208,7 @@ def _slow_delivery(address: str, correlation: str, age_s: float, tail_after_s: f
     headers = senders.standard_request(body, f"m-{correlation}", when=signed_at)
     host, _, port = address.removeprefix("http://").partition(":")
     request = (
-        b"POST /v1/webhooks/openai HTTP/1.1\r\nHost: x\r\n"
+        b"POST /v1/webhooks/openai HTTP_TIMEOUT/1.1\r\nHost: x\r\n"
         + b"".join(n + b": " + v + b"\r\n" for n, v in headers)
         + b"Content-Length: %d\r\n\r\n" % len(body)
         + body
@@ -287,12 +235,12 @@ async def test_a_delivery_at_the_edge_of_the_tolerance_is_refused_or_stored_neve
     with own_settings(
         services,
         db_url,
-        producers_file=_producers(tmp_path),
+        producers_file=producers_file(tmp_path),
         allow_unsigned=False,
         signature_tolerance_s=4.0,
         topic_partitions=1,
     ) as tight:
-        with _running_ingress(
+        with running_ingress(
             tight, MATCHER_INGRESS_MIN_BODY_RATE_BPS="0", MATCHER_SIGNATURE_TOLERANCE_S="4"
         ) as ingress:
             assert ingress.address is not None
@@ -310,7 +258,7 @@ async def test_a_delivery_at_the_edge_of_the_tolerance_is_refused_or_stored_neve
             # A fresh one last: one partition, so once it is stored everything before it was
             # judged by the daemon.
             body = json.dumps(senders.openai_batch("edge_last")).encode()
-            last = _post(ingress.address, "openai", senders.standard_request(body, "m-l"), body)
+            last = post(ingress.address, "openai", senders.standard_request(body, "m-l"), body)
             assert last.status_code == 202
         async with running_daemon(tight):
             await eventually(
@@ -352,7 +300,7 @@ def test_a_producer_with_more_keys_than_the_bound_is_refused_at_start(
     settings: Settings, tmp_path: Path
 ) -> None:
     extra, _ = _ed25519_producer(32)
-    bad = settings.model_copy(update={"producers_file": _producers(tmp_path, extra)})
+    bad = settings.model_copy(update={"producers_file": producers_file(tmp_path, extra)})
     answer = run_cli(bad, "run", timeout=60)
     assert answer.returncode != 0
     assert "32 keys; a producer has at most 4" in answer.stderr
@@ -400,17 +348,17 @@ async def test_crafted_signatures_cost_a_bounded_amount_and_legitimate_traffic_p
     crafted request costs at most 16 verifications, judged off the event loop, so every
     legitimate request is accepted and its wait resolves."""
     extra, signer = _ed25519_producer(4)
-    secure = settings.model_copy(
-        update={"producers_file": _producers(tmp_path, extra), "allow_unsigned": False}
+    webhooks_secure = settings.model_copy(
+        update={"producers_file": producers_file(tmp_path, extra), "allow_unsigned": False}
     )
     correlations = [f"ed-{n}" for n in range(30)]
     for correlation in correlations:
-        _wait(secure, correlation, "job.completed")
+        wait_for(webhooks_secure, "acme", "job.completed", correlation)
     stop = threading.Event()
 
     def attack(address: str) -> int:
         refused = 0
-        with httpx.Client(timeout=HTTP) as http:
+        with httpx.Client(timeout=HTTP_TIMEOUT) as http:
             while not stop.is_set():
                 headers, body = _cloudevent_request(None, f"x-{uuid.uuid4().hex[:8]}")
                 answer = http.post(
@@ -422,14 +370,14 @@ async def test_crafted_signatures_cost_a_bounded_amount_and_legitimate_traffic_p
                 refused += 1
         return refused
 
-    async with running_daemon(secure):
-        with _running_ingress(secure) as ingress, ThreadPoolExecutor(12) as attackers:
+    async with running_daemon(webhooks_secure):
+        with running_ingress(webhooks_secure) as ingress, ThreadPoolExecutor(12) as attackers:
             assert ingress.address is not None
             attacks = [attackers.submit(attack, ingress.address) for _ in range(12)]
             try:
                 for correlation in correlations:
                     headers, body = _cloudevent_request(signer, correlation)
-                    answer = _post(ingress.address, "ed-svc", headers, body)
+                    answer = post(ingress.address, "ed-svc", headers, body)
                     assert answer.status_code == 202, answer.text
             finally:
                 stop.set()
@@ -437,7 +385,9 @@ async def test_crafted_signatures_cost_a_bounded_amount_and_legitimate_traffic_p
         assert refused > 0
         await eventually(
             lambda: (
-                scalar(secure, "SELECT count(*) FROM matcher.waits WHERE state = 'matched'")
+                scalar(
+                    webhooks_secure, "SELECT count(*) FROM matcher.waits WHERE state = 'matched'"
+                )
                 == len(correlations)
             ),
             timeout=60,
@@ -478,12 +428,12 @@ class _SlowClients:
                 self.opened += 1
                 if kind == "body":
                     conn.sendall(
-                        b"POST /v1/webhooks/openai HTTP/1.1\r\nHost: x\r\n"
+                        b"POST /v1/webhooks/openai HTTP_TIMEOUT/1.1\r\nHost: x\r\n"
                         b"Content-Type: application/json\r\n"
                         b"Content-Length: 100000\r\n\r\n{"
                     )
                 else:
-                    conn.sendall(b"POST /v1/webhooks/openai HTTP/1.1\r\nHost: x\r\n")
+                    conn.sendall(b"POST /v1/webhooks/openai HTTP_TIMEOUT/1.1\r\nHost: x\r\n")
                 conn.settimeout(0.5)
                 while not self._stop.is_set():  # a byte now and then, until it is closed
                     try:
@@ -493,7 +443,9 @@ class _SlowClients:
                         conn.sendall(b"X-Slow: 1\r\n" if kind == "headers" else b" ")
 
 
-async def test_slow_clients_cannot_take_the_ingress_from_signed_senders(secure: Settings) -> None:
+async def test_slow_clients_cannot_take_the_ingress_from_signed_senders(
+    webhooks_secure: Settings,
+) -> None:
     """Sixty connections trickling headers and thirty trickling bodies, reopened as fast
     as they are closed, against a bound of 40 connections and 4 slots: once, they held
     every slot and connection and signed requests got 503. Now bodies take a slot only
@@ -501,10 +453,12 @@ async def test_slow_clients_cannot_take_the_ingress_from_signed_senders(secure: 
     request is accepted and its wait resolves."""
     correlations = [f"slow_{n}" for n in range(30)]
     for correlation in correlations:
-        _wait(secure, correlation)
-    async with running_daemon(secure):
-        with _running_ingress(
-            secure, MATCHER_INGRESS_MAX_CONNECTIONS="40", MATCHER_INGRESS_MAX_CONCURRENCY="4"
+        wait_for(webhooks_secure, "acme", "batch.completed", correlation)
+    async with running_daemon(webhooks_secure):
+        with running_ingress(
+            webhooks_secure,
+            MATCHER_INGRESS_MAX_CONNECTIONS="40",
+            MATCHER_INGRESS_MAX_CONCURRENCY="4",
         ) as ingress:
             assert ingress.address is not None
             with _SlowClients(ingress.address, slowloris=60, slow_bodies=30) as attack:
@@ -512,13 +466,15 @@ async def test_slow_clients_cannot_take_the_ingress_from_signed_senders(secure: 
                 for correlation in correlations:
                     body = json.dumps(senders.openai_batch(correlation)).encode()
                     headers = senders.standard_request(body, f"m-{correlation}")
-                    answer = _post(ingress.address, "openai", headers, body)
+                    answer = post(ingress.address, "openai", headers, body)
                     assert answer.status_code == 202, answer.text
-            evicted = _metrics(ingress.address)
+            evicted = metrics_text(ingress.address)
         assert "matcher_ingress_connections_evicted_total" in evicted
         await eventually(
             lambda: (
-                scalar(secure, "SELECT count(*) FROM matcher.waits WHERE state = 'matched'")
+                scalar(
+                    webhooks_secure, "SELECT count(*) FROM matcher.waits WHERE state = 'matched'"
+                )
                 == len(correlations)
             ),
             timeout=60,
@@ -526,23 +482,19 @@ async def test_slow_clients_cannot_take_the_ingress_from_signed_senders(secure: 
         )
 
 
-def _metrics(address: str) -> str:
-    return httpx.get(f"{address}/metrics", timeout=HTTP).text
-
-
-def test_a_body_that_trickles_is_cut_off_at_the_minimum_rate(secure: Settings) -> None:
-    with _running_ingress(secure) as ingress:
+def test_a_body_that_trickles_is_cut_off_at_the_minimum_rate(webhooks_secure: Settings) -> None:
+    with running_ingress(webhooks_secure) as ingress:
         assert ingress.address is not None
         host, _, port = ingress.address.removeprefix("http://").partition(":")
         with socket.create_connection((host, int(port)), timeout=20) as conn:
             began = time.monotonic()
             conn.sendall(
-                b"POST /v1/webhooks/openai HTTP/1.1\r\nHost: x\r\n"
+                b"POST /v1/webhooks/openai HTTP_TIMEOUT/1.1\r\nHost: x\r\n"
                 b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{"
             )
             answer = conn.recv(4096)
             took = time.monotonic() - began
-        assert answer.startswith(b"HTTP/1.1 408"), answer[:100]
+        assert answer.startswith(b"HTTP_TIMEOUT/1.1 408"), answer[:100]
         assert took < 5, took  # the read timeout is 10 s: the rate ended it first
 
 
@@ -580,8 +532,8 @@ def test_signing_out_ends_the_session_wherever_it_was_copied(
 ) -> None:
     url, _ = admin
     with (
-        httpx.Client(base_url=url, timeout=HTTP) as owner,
-        httpx.Client(base_url=url, timeout=HTTP) as thief,
+        httpx.Client(base_url=url, timeout=HTTP_TIMEOUT) as owner,
+        httpx.Client(base_url=url, timeout=HTTP_TIMEOUT) as thief,
     ):
         cookie = _sign_in(owner)
         thief.cookies.set("matcher_console", cookie, path="/console")
@@ -617,7 +569,7 @@ def subprocess_run_daemon(settings: Settings, token: str) -> Any:
 
 def test_replay_ids_beyond_bigint_are_a_bad_request(admin: tuple[str, Settings]) -> None:
     url, _ = admin
-    with httpx.Client(base_url=url, timeout=HTTP) as http:
+    with httpx.Client(base_url=url, timeout=HTTP_TIMEOUT) as http:
         _sign_in(http)
         csrf = _csrf(http.get("/console/quarantine").text)
         for bad in (str(2**63), "-1", "0", "99999999999999999999999999"):
@@ -630,7 +582,7 @@ def test_the_admin_server_builds_no_redirect_from_host(admin: tuple[str, Setting
     answer = httpx.get(
         f"{url}/v1/waits/",
         headers={"Host": "evil.example", "Authorization": f"Bearer {TOKEN}"},
-        timeout=HTTP,
+        timeout=HTTP_TIMEOUT,
     )
     assert answer.status_code == 404
     assert "location" not in answer.headers
@@ -639,7 +591,7 @@ def test_the_admin_server_builds_no_redirect_from_host(admin: tuple[str, Setting
 # Last: it spends this address's attempts on the module's daemon.
 def test_sign_in_is_throttled_per_address(admin: tuple[str, Settings]) -> None:
     url, _ = admin
-    with httpx.Client(base_url=url, timeout=HTTP) as http:
+    with httpx.Client(base_url=url, timeout=HTTP_TIMEOUT) as http:
         answers = [
             http.post("/console/sign-in", data={"token": f"guess-{n}", "next": "/console"})
             for n in range(12)

@@ -24,7 +24,8 @@ from matcher.auth.policy import Policy
 from matcher.auth.registry import Registry, parse_registry
 from matcher.domain.events import CompletionEvent, Rejection
 from matcher.domain.quarantine import summary_text
-from tests.helpers import UNSIGNED, parse_record, to_record
+from tests.support.kafka import to_record
+from tests.support.records import UNSIGNED, parse_record
 
 EVENT = CompletionEvent(
     id="evt-1",

@@ -7,10 +7,11 @@ import ast
 import io
 from pathlib import Path
 
+import matcher_devstack.cli
 import pytest
 from rich.console import Console
 
-from matcher import cli
+from matcher.cli import output
 
 HOSTILE = "inj\x1b[2J\x1b]0;PWNED\x07\x1b[31mFAKE-OK\n\t\u202e[red]x[/red][link=https://e.example]l[/link]"
 RAW = ("\x1b", "\x07", "\u202e", "\n\t")
@@ -18,8 +19,8 @@ RAW = ("\x1b", "\x07", "\u202e", "\n\t")
 
 def test_table_cells_are_escaped_and_not_markup(monkeypatch: pytest.MonkeyPatch) -> None:
     screen = io.StringIO()
-    monkeypatch.setattr(cli, "out", Console(file=screen, width=500))
-    cli._table(("id", "tenant"), [(1, HOSTILE)])
+    monkeypatch.setattr(output, "out", Console(file=screen, width=500))
+    output.table(("id", "tenant"), [(1, HOSTILE)])
     shown = screen.getvalue()
     for raw in RAW:
         assert raw not in shown
@@ -29,8 +30,8 @@ def test_table_cells_are_escaped_and_not_markup(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_lines_are_escaped(capsys: pytest.CaptureFixture[str]) -> None:
-    cli._say(f"run {HOSTILE}")
-    cli._say(f"matcher: {HOSTILE}", stderr=True)
+    output.say(f"run {HOSTILE}")
+    output.say(f"matcher: {HOSTILE}", stderr=True)
     said = capsys.readouterr()
     for stream in (said.out, said.err):
         assert stream.count("\n") == 1
@@ -39,10 +40,13 @@ def test_lines_are_escaped(capsys: pytest.CaptureFixture[str]) -> None:
         assert "\\x1b[2J" in stream
 
 
-# Every line a person reads goes through _say or _table. A bare print() may only write
-# JSON (json.dumps escapes control characters); rich's print only for the devstack's own
-# text (ports, paths, states) and in _table.
-SOURCE = Path(cli.__file__).read_text()
+# Every line a person reads goes through say or table. A bare print() may only write JSON
+# (json.dumps escapes control characters); rich's print only for the devstack's own text
+# (ports, paths, states) and in table.
+SOURCES = [
+    *sorted(Path(output.__file__).parent.glob("*.py")),
+    Path(matcher_devstack.cli.__file__),
+]
 
 
 def _calls(tree: ast.AST) -> list[tuple[set[str], ast.Call]]:
@@ -61,20 +65,21 @@ def _escaped_or_json(functions: set[str], call: ast.Call) -> bool:
     if isinstance(target, ast.Name) and target.id == "print":
         first = call.args[0] if call.args else None
         is_json = isinstance(first, ast.Call) and ast.unparse(first.func) == "json.dumps"
-        return is_json or "_say" in functions
+        return is_json or "say" in functions
     if (
         isinstance(target, ast.Attribute)
         and target.attr == "print"
         and ast.unparse(target.value) in ("out", "err")
     ):
-        return "_table" in functions or any("devstack" in f for f in functions)
+        return "table" in functions or any("devstack" in f for f in functions)
     return True
 
 
 def test_every_human_readable_line_goes_through_the_escaping() -> None:
     offenders = [
-        ast.unparse(call)
-        for functions, call in _calls(ast.parse(SOURCE))
+        f"{source.name}: {ast.unparse(call)}"
+        for source in SOURCES
+        for functions, call in _calls(ast.parse(source.read_text()))
         if not _escaped_or_json(functions, call)
     ]
     assert offenders == []

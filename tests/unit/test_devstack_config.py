@@ -6,10 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-
-from matcher.devstack import kafka, postgres
-from matcher.devstack.procs import DevstackUsageError
-from matcher.devstack.stack import (
+from matcher_devstack import kafka, postgres
+from matcher_devstack.procs import DevstackUsageError
+from matcher_devstack.stack import (
     Broker,
     Devstack,
     Mode,

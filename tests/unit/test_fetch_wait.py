@@ -18,7 +18,7 @@ from matcher.config import Settings
 from matcher.daemon.ingest import Ingest
 from matcher.kafka.fetch import Batch, FetchedRecord
 from matcher.kafka.fetch_wait import FLOWING_MIN_BYTES, WINDOW_WAITS, FlowFetchWait
-from tests.helpers import eventually
+from tests.support.assertions import eventually
 
 USUAL = (500, 1)  # aiokafka's defaults: what the daemon's consumer is made with
 WAIT_MS = 4

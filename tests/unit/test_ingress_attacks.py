@@ -15,7 +15,7 @@ from matcher.auth.registry import Registry, parse_registry
 from matcher.domain.events import CompletionEvent, Rejection
 from matcher.domain.records import RawRecord
 from matcher.ingress.requests import Refusal, to_record
-from tests import webhook_senders as senders
+from tests.support import webhooks as senders
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from matcher.kafka.raw_records import (
     problem_of,
     read_records,
 )
-from tests.helpers import RawHeaderName
+from tests.support.records import RawHeaderName
 
 Record = tuple[int, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]
 GZIP = 1

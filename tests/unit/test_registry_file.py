@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from matcher.auth.registry import RegistryError, load_registry
 from matcher.auth.registry_watch import RegistryHolder
 from matcher.config import KafkaSettings
-from tests.helpers import eventually
+from tests.support.assertions import eventually
 
 pytestmark = pytest.mark.timeout(30)
 

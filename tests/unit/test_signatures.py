@@ -29,7 +29,7 @@ from matcher.auth.signatures import (
 from matcher.auth.signatures import binary_content as daemon_binary_content
 from matcher.domain.events import REASONS, CompletionEvent, Rejection
 from matcher.wire_schemas import generate
-from tests.helpers import parse_record, raw
+from tests.support.records import parse_record, raw
 
 SCHEMAS = Path(__file__).parents[2] / "schemas"
 VECTORS: list[dict[str, Any]] = json.loads((SCHEMAS / "signature-vectors.json").read_text())[

@@ -24,7 +24,7 @@ from matcher.auth.webhooks import TemplateError, Unmappable, parse_template
 from matcher.domain.events import CompletionEvent, Rejection
 from matcher.domain.records import RawRecord
 from matcher.ingress.requests import Refusal, to_record
-from tests import webhook_senders as senders
+from tests.support import webhooks as senders
 
 POLICY = Policy()
 

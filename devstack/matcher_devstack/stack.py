@@ -30,8 +30,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from matcher.devstack import kafka, postgres
-from matcher.devstack.procs import DevstackError, DevstackUsageError, free_port, port_in_use
+from matcher_devstack import kafka, postgres
+from matcher_devstack.procs import DevstackError, DevstackUsageError, free_port, port_in_use
 
 DEFAULT_TIMEOUT = 120.0
 CLUSTER_BROKERS = 3
@@ -39,7 +39,7 @@ CLUSTER_BROKERS = 3
 
 def is_project_root(directory: Path) -> bool:
     """Whether ``directory`` is a checkout's root (.git) or matcher's (its pyproject.toml);
-    a subproject's own pyproject.toml (producers/python) is neither."""
+    a subproject's own pyproject.toml (producers/python, devstack) is neither."""
     if (directory / ".git").exists():
         return True
     try:

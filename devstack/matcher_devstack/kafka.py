@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from matcher.devstack.procs import DevstackError, pid_alive, read_pid, tail, terminate, wait_until
+from matcher_devstack.procs import DevstackError, pid_alive, read_pid, tail, terminate, wait_until
 
 KAFKA_VERSION = "4.1.1"
 LOG4J_VERSION = "2.24.3"

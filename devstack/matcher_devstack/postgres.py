@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from matcher.devstack.procs import DevstackError, pid_alive, tail, wait_until
+from matcher_devstack.procs import DevstackError, pid_alive, tail, wait_until
 
 SUPERUSER = "matcher"
 DATABASE = "matcher"
