@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed-stamp
 USE_ENV := if [ -z "$${MATCHER_KAFKA_BOOTSTRAP_SERVERS:-}" ] || [ -z "$${MATCHER_DATABASE_URL:-}" ]; then \
 	$(BIN)/matcher devstack up && eval "$$($(BIN)/matcher devstack env)"; fi
 
-.PHONY: help install lock up down status migrate run lint test test-quick test-fast test-tools chart-check docs docs-build campaign bench bench-quick screenshots schemas schema-sql clean
+.PHONY: help install lock reference up down status migrate run lint test test-quick test-fast test-tools chart-check docs docs-build campaign bench bench-quick screenshots schemas schema-sql clean
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -60,20 +60,21 @@ lock: ## Renew constraints.txt: the newest versions every group allows (then run
 	  | grep -v '^-e \|^matcher' > constraints.txt
 	rm -f $(STAMP)
 
-docs: install ## Serve the documentation site on http://127.0.0.1:8000 (reloads on edits).
-	$(BIN)/python -m matcher.reference docs/reference
+docs: install reference ## Serve the documentation site on http://127.0.0.1:8000 (reloads on edits).
 	$(BIN)/mkdocs serve
 
-docs-build: install ## Build the documentation site into site/ (warnings are errors).
+docs-build: install ## Build the documentation site into site/: warnings (a broken link or anchor) are errors.
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+reference: install ## Regenerate docs/reference/cli.md and configuration.md from the code (a test fails when they drift).
 	$(BIN)/python -m matcher.reference docs/reference
-	$(BIN)/mkdocs build --strict --quiet
 
 chart-check: ## Lint and render the Helm chart; check bad values are refused (builds helm once; needs Go).
 	scripts/check-chart
 
 # promtool is built and Chromium and kcat installed (once) before pytest, so that their
 # progress shows.
-test: lint chart-check ## Lint, check the chart, then every test against real Kafka and Postgres.
+test: lint docs-build chart-check ## Lint, build the docs, check the chart, then every test against real Kafka and Postgres.
 	scripts/install-promtool >/dev/null
 	scripts/install-chromium >/dev/null
 	scripts/install-kcat >/dev/null
@@ -120,7 +121,7 @@ bench-quick: install ## The benchmark in about 5 minutes with the peers (fewer e
 	scripts/install-restate >/dev/null || echo "bench: no restate-server, the Restate peer will be null" >&2
 	$(USE_ENV); $(BIN)/python -m bench.run --quick
 
-screenshots: install ## Remake the README's console screenshots (docs/*.png) with the browser tests.
+screenshots: install ## Remake the docs' console screenshots (docs/*.png) with the browser tests.
 	scripts/install-chromium >/dev/null
 	$(USE_ENV); MATCHER_TEST_SCREENSHOTS_DIR=docs $(BIN)/pytest -q tests/browser
 
@@ -130,8 +131,12 @@ schemas: install ## Regenerate schemas/ from the pydantic models (a test fails w
 schema-sql: install ## Rewrite matcher/store/schema.sql from the migrations (a test fails when it drifts).
 	$(USE_ENV); $(BIN)/python -m matcher.store.schema_file
 
+test-quick: install ## The unit tests (fewer generated examples) and an integration smoke, in under 3 minutes.
+	$(USE_ENV); MATCHER_TEST_PROPERTY_EXAMPLES=300 MATCHER_TEST_FUZZ_EXAMPLES=600 \
+	  $(BIN)/pytest -m "unit or smoke" -q
+
 test-fast: install ## Only the unit tests (no services, no helm or promtool).
-	$(BIN)/pytest tests/unit producers/python/tests
+	$(BIN)/pytest -m unit -q
 
 test-tools: install ## The tests that run helm and promtool (no services; builds both once; needs Go).
 	scripts/install-helm >/dev/null

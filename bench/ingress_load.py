@@ -7,9 +7,10 @@ Starts ``matcher ingress`` (its defaults: 1024 connections, 64 slots) on the ser
 by MATCHER_KAFKA_BOOTSTRAP_SERVERS (topics of its own), then drives legitimate signed
 Standard Webhooks requests from ``--senders`` concurrent senders for ``--seconds``: once
 alone, once while another process holds ``--slowloris`` connections trickling headers and
-``--slow-bodies`` connections trickling declared 100 kB bodies, reopening each as soon as
-it is closed. Prints one JSON object: accepted requests per second, latency p50/p99 and
-the answers that were not 202, for each run, and the connections the ingress evicted.
+``--slow-bodies`` connections trickling declared 100 kB bodies from another address
+(127.0.0.2), reopening each as soon as it is closed. Prints one JSON object: accepted
+requests per second, latency p50/p99 and the answers that were not 202, for each run, and
+the connections the ingress evicted.
 """
 
 from __future__ import annotations
@@ -111,7 +112,8 @@ async def _hold(host: str, port: int, kind: str, stop: asyncio.Event) -> None:
         head += b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{"
     while not stop.is_set():
         try:
-            reader, writer = await asyncio.open_connection(host, port)
+            # From 127.0.0.2: another host, as the ingress sees it.
+            reader, writer = await asyncio.open_connection(host, port, local_addr=("127.0.0.2", 0))
         except OSError:
             await asyncio.sleep(0.05)
             continue

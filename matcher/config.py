@@ -61,46 +61,110 @@ class KafkaSettings(BaseSettings):
         validate_default=True,
     )
 
-    # Where the services are.
     kafka_bootstrap_servers: str = Field(
-        description="Comma-separated host:port list of Kafka brokers.",
+        description="Comma-separated host:port list of Kafka brokers. Required. When it and "
+        "MATCHER_DATABASE_URL are both set, `make run`, `make migrate` and `make test` use "
+        "them and leave the local stack alone.",
     )
-
-    # Kafka security passes straight through to the clients.
-    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
-    kafka_sasl_username: str | None = None
-    kafka_sasl_password: SecretStr | None = None
-    kafka_ssl_cafile: str | None = None
-    kafka_ssl_certfile: str | None = None
-    kafka_ssl_keyfile: str | None = None
-
-    events_topic: str = "matcher.events"
-    # How long a producer waits for one broker's answer before it retries the request
-    # (after a metadata refresh: elsewhere, once the partition's leader moved). A broker
-    # that hangs (paused, partitioned away) then costs this, not a whole call's bound.
-    kafka_request_timeout_ms: int = Field(default=5000, ge=500, le=600_000)
-
-    # Producers: who may send what, with which keys (see matcher.auth.registry).
-    producers_file: Path | None = None
-    # How often the producers file is checked for changes (SIGHUP reloads at once).
-    producers_reload_interval_s: float = Field(default=2.0, gt=0)
-    # Local development only: accept events without signatures (logged loudly at start).
-    allow_unsigned: bool = False
-    signature_tolerance_s: float = Field(default=300.0, gt=0)
-    max_event_bytes: int = Field(default=1024 * 1024, ge=1)
-    max_header_bytes: int = Field(default=16 * 1024, ge=1)
-    max_headers: int = Field(default=64, ge=1, le=10_000)
-    max_json_depth: int = Field(default=64, ge=2, le=500)
-    max_signatures: int = Field(default=8, ge=1, le=100)
-    # A record batch decompressed past this is refused whole (a compression bomb).
-    max_batch_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024)
-    # Logging.
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    log_format: Literal["text", "json"] = "text"
-
-    # How long startup waits for Kafka and Postgres before giving up, in seconds.
-    startup_timeout_s: float = Field(default=30.0, gt=0)
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        default="PLAINTEXT",
+        description="Kafka's security protocol, passed straight to the clients.",
+    )
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
+        default=None,
+        description="The SASL mechanism; required with a SASL_* protocol (with "
+        "MATCHER_KAFKA_SASL_USERNAME and MATCHER_KAFKA_SASL_PASSWORD).",
+    )
+    kafka_sasl_username: str | None = Field(default=None, description="The SASL user name.")
+    kafka_sasl_password: SecretStr | None = Field(
+        default=None, description="The SASL password (never logged)."
+    )
+    kafka_ssl_cafile: str | None = Field(
+        default=None, description="TLS: the CA bundle that verifies the brokers (a PEM file)."
+    )
+    kafka_ssl_certfile: str | None = Field(
+        default=None, description="TLS: this client's certificate, for mutual TLS (a PEM file)."
+    )
+    kafka_ssl_keyfile: str | None = Field(
+        default=None, description="TLS: the private key of that certificate (a PEM file)."
+    )
+    events_topic: str = Field(
+        default="matcher.events", description="The topic completion events come in on."
+    )
+    kafka_request_timeout_ms: int = Field(
+        default=5000,
+        ge=500,
+        le=600_000,
+        description="How long a producer waits for one broker's answer before it retries "
+        "the request (after a metadata refresh: elsewhere, once the partition's leader "
+        "moved): what a broker that hangs (paused, partitioned away) costs, not a whole "
+        "call's bound.",
+    )
+    producers_file: Path | None = Field(
+        default=None,
+        description="The producer registry (TOML): who may send what, with which keys. "
+        "Required by `matcher run` (unless MATCHER_ALLOW_UNSIGNED) and `matcher ingress`; "
+        "reloaded when it changes and on SIGHUP.",
+    )
+    producers_reload_interval_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="How often the producers file is checked for changes (SIGHUP reloads it "
+        "at once).",
+    )
+    allow_unsigned: bool = Field(
+        default=False,
+        description="Local development only: accept unsigned events from producers that are "
+        "not in the producers file (logged loudly at start; `make run` sets it when no "
+        "producers file is given). A producer that is in the file must still sign.",
+    )
+    signature_tolerance_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="How far a signed timestamp may be from the record's arrival at the "
+        "broker (its LogAppendTime), either way, not from when it is read: the replay "
+        "window. Must be the same for the ingress and the daemon.",
+    )
+    max_event_bytes: int = Field(
+        default=1024 * 1024, ge=1, description="The most bytes a record's value may hold."
+    )
+    max_header_bytes: int = Field(
+        default=16 * 1024,
+        ge=1,
+        description="The most bytes a record's key and headers may hold together.",
+    )
+    max_headers: int = Field(
+        default=64, ge=1, le=10_000, description="The most headers a record may have."
+    )
+    max_json_depth: int = Field(
+        default=64, ge=2, le=500, description="The deepest nesting of an event's JSON."
+    )
+    max_signatures: int = Field(
+        default=8,
+        ge=1,
+        le=100,
+        description="The most entries a webhook-signature header may hold (more is "
+        "limit_exceeded).",
+    )
+    max_batch_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="A record batch decompressed past this is quarantined whole as "
+        "undecodable (compression bombs: the broker bounds a batch by its compressed size).",
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="INFO", description="The least level logged."
+    )
+    log_format: Literal["text", "json"] = Field(
+        default="text",
+        description="text: one escaped line per record, for people; json: one JSON object "
+        "per line.",
+    )
+    startup_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="How long startup waits for Kafka and Postgres before giving up.",
+    )
 
     @field_validator("log_level", "kafka_security_protocol", mode="before")
     @classmethod
@@ -173,103 +237,219 @@ class Settings(KafkaSettings):
     """The daemon's and the CLI's settings. Field ``foo`` is read from ``MATCHER_FOO``."""
 
     database_url: SecretStr = Field(
-        description="libpq connection URI of the Postgres database (postgresql://...).",
+        description="libpq connection URI of the Postgres database "
+        "(postgresql://user:pass@host:port/db). Required. For a Postgres that fails over: "
+        "several host:port and target_session_attrs=read-write.",
     )
-
-    # Topics and the consumer group (the events topic is in KafkaSettings).
-    resume_topic: str = "matcher.resumes"
-    topic_partitions: int = Field(default=6, ge=1, le=10_000)
-    # Unset: three replicas, or one per broker on a cluster with fewer than three.
-    topic_replication_factor: int | None = Field(default=None, ge=1, le=32)
-    consumer_group: str = Field(default="matcher", min_length=1)
-
-    # Postgres pool.
-    db_pool_min_size: int = Field(default=2, ge=1)
-    db_pool_max_size: int = Field(default=8, ge=1)
-
-    # A rejected record's value is kept whole up to this (then a prefix, its size and
-    # SHA-256: not replayable), so the quarantine cannot grow faster than this per record.
-    quarantine_keep_bytes: int = Field(default=64 * 1024, ge=1024)
-    # Quarantined records are deleted this long after they were quarantined.
-    quarantine_retention: timedelta = Field(default=timedelta(days=30), gt=timedelta(0))
-    # Rejected records are also copied here, when set (the quarantine table always has them).
-    dead_letter_topic: str | None = None
-    # The longest one Kafka call of the dead-letter copy may take; past it the producer is
-    # torn down and rebuilt (the copy is dropped and counted).
-    dead_letter_call_timeout_s: float = Field(default=15.0, gt=0)
-
-    # Ingest: records per batch (one transaction each) and how long a poll waits for them.
-    # 1,000 rather than 500: at full rate a cycle's fixed costs then count half as much
-    # (+15-25% events/s in 8 of 8 paired runs on 2 cores); at lower rates batches are
-    # smaller than either, so latency does not change.
-    ingest_batch_max: int = Field(default=1000, ge=1, le=100_000)
-    ingest_poll_timeout_ms: int = Field(default=200, ge=1)
-    ingest_max_poll_interval_ms: int = Field(default=300_000, ge=1000)
-    # The least time between two offset commits (a batch after a quiet spell is committed
-    # at once; a burst shares one commit). Each commit is a write to __consumer_offsets;
-    # a crash re-reads at most this much more, which the inbox key makes duplicates.
-    ingest_commit_interval_ms: int = Field(default=100, ge=0, le=10_000)
-    # The least time between the starts of two ingest transactions (0: none). Under a
-    # steady flow a transaction then carries a few milliseconds of events instead of one
-    # event, and the fixed costs of a cycle (a transaction and its commit, a relay batch)
-    # are shared; a batch after a quiet spell goes at once, and a full batch never waits.
-    # At 4 ms, in 8 paired runs at 500 events/s, the machine's CPU fell from 1.5 to 1.2
-    # cores and the p50 and p99 were lower in every pair (p99 medians 13.9 -> 11.3 ms);
-    # at 2,000/s the p99 median was 45 -> 35 ms in 3 pairs. A revocation waits for a batch
-    # being paced, so it may wait this much longer.
-    ingest_batch_interval_ms: int = Field(default=4, ge=0, le=1000)
-    # While events flow (at least 8 records in the last 8 waits: one per wait on average),
-    # the broker holds each ingest fetch up to this long (0: never), so that a fetch
-    # carries a few ms of events rather than one; below that rate, and when idle,
-    # fetches are as without it (matcher/kafka/fetch_wait.py). 8 rather than 4: the wait
-    # then comes on from 125 events/s rather than 250, and a fetch (so a cycle through
-    # the daemon, Postgres and the broker) carries twice the events. On a slow 2-core
-    # machine, in paired windows: 27-31 % less CPU at 150-200/s, 13 % at 500/s, the p99s
-    # within their noise, p50 1-3 ms later (README: "The fetch wait, twice as long").
-    ingest_fetch_wait_ms: int = Field(default=8, ge=0, le=100)
-    # How soon the group notices a daemon that died (it then moves its partitions).
-    kafka_session_timeout_ms: int = Field(default=10_000, ge=1000)
-    kafka_heartbeat_interval_ms: int = Field(default=3_000, ge=100)
-
-    # Relay: resumes per batch, producer linger, and the safety-net poll behind NOTIFY.
-    # The relay hands Kafka whole per-partition batches, so lingering batches nothing more;
-    # it only adds its milliseconds to every resume.
-    relay_batch_max: int = Field(default=1000, ge=1, le=100_000)
-    relay_linger_ms: int = Field(default=0, ge=0)
-    relay_poll_interval_s: float = Field(default=1.0, gt=0)
-    # The longest one Kafka call of the relay may take (a start, a batch's acknowledgements,
-    # a stop); past it the batch is rolled back and the producer rebuilt.
-    relay_call_timeout_s: float = Field(default=30.0, gt=0)
-
-    # Rematch: newly registered waits (and keys ingest found busy) against stored events.
-    rematch_batch_max: int = Field(default=500, ge=1, le=100_000)
-    rematch_interval_s: float = Field(default=1.0, gt=0)
-
-    # Deadline sweeper.
-    sweep_interval_s: float = Field(default=1.0, gt=0)
-    sweep_batch_max: int = Field(default=1000, ge=1)
-
-    # Inbox retention: pending events expire after `inbox_retention`; every event is purged
-    # `inbox_purge_after` later. Their sum is the window in which duplicates are recognised.
-    inbox_retention: timedelta = Field(default=timedelta(days=7), gt=timedelta(0))
-    inbox_purge_after: timedelta = Field(default=timedelta(days=7), ge=timedelta(0))
-    janitor_interval_s: float = Field(default=60.0, gt=0)
-
-    # How long SIGTERM waits for the loops to finish their batches before giving up.
-    shutdown_timeout_s: float = Field(default=30.0, gt=0)
-
-    # The admin HTTP API (health, metrics, explain, views). Port 0: any free port.
-    admin_address: str = "127.0.0.1:9464"
-    # When set, /v1/* requires `Authorization: Bearer <token>`. Set but empty is refused:
-    # it would read as "protected" and protect nothing; so is one too short to stand up to
-    # guessing (ADMIN_TOKEN_MIN_LENGTH).
-    admin_token: SecretStr | None = None
-    # Failed attempts at the admin token per client address (sign-in, bearer headers):
-    # this many at once, then one every interval; past that, 429 with Retry-After.
-    admin_auth_failures_burst: int = Field(default=10, ge=1)
-    admin_auth_failure_interval_s: float = Field(default=5.0, gt=0)
-    # How often system-wide gauges are read from Postgres.
-    stats_interval_s: float = Field(default=5.0, gt=0)
+    resume_topic: str = Field(
+        default="matcher.resumes", description="The topic resumes are published on."
+    )
+    topic_partitions: int = Field(
+        default=6,
+        ge=1,
+        le=10_000,
+        description="Partitions of the topics `matcher migrate` creates (existing topics are "
+        "left as they are).",
+    )
+    topic_replication_factor: int | None = Field(
+        default=None,
+        ge=1,
+        le=32,
+        description="Replicas of the topics `matcher migrate` creates. Unset: three, or one "
+        "per broker on a cluster with fewer than three.",
+    )
+    consumer_group: str = Field(
+        default="matcher",
+        min_length=1,
+        description="The Kafka consumer group every daemon of one deployment shares.",
+    )
+    db_pool_min_size: int = Field(
+        default=2, ge=1, description="The Postgres pool's least connections."
+    )
+    db_pool_max_size: int = Field(
+        default=8,
+        ge=1,
+        description="The Postgres pool's most connections (a daemon opens this + 2 in all: "
+        "the relay's and the rematch loop's listeners).",
+    )
+    quarantine_keep_bytes: int = Field(
+        default=64 * 1024,
+        ge=1024,
+        description="A rejected record's value is kept whole (replayable) up to this; a "
+        "larger one as a 4 KiB prefix with its size and SHA-256 (not replayable), so the "
+        "quarantine cannot grow faster than this per record.",
+    )
+    quarantine_retention: timedelta = Field(
+        default=timedelta(days=30),
+        gt=timedelta(0),
+        description="Quarantined records are deleted this long after they were quarantined "
+        "(ISO-8601 duration, P30D, or seconds).",
+    )
+    dead_letter_topic: str | None = Field(
+        default=None,
+        description="When set, rejected records are also copied to this topic (the "
+        "quarantine table always has them). It must exist (`matcher migrate` creates it) "
+        "and differ from the events and resume topics.",
+    )
+    dead_letter_call_timeout_s: float = Field(
+        default=15.0,
+        gt=0,
+        description="The longest one Kafka call of the dead-letter copy may take; past it "
+        "the producer is rebuilt (the copy is dropped and counted).",
+    )
+    ingest_batch_max: int = Field(
+        default=1000,
+        ge=1,
+        le=100_000,
+        description="Kafka records per ingest batch; each batch is one transaction. Larger "
+        "batches share a cycle's fixed costs among more events at full rate; at lower "
+        "rates batches are smaller than this anyway.",
+    )
+    ingest_poll_timeout_ms: int = Field(
+        default=200, ge=1, description="How long one ingest poll waits for records."
+    )
+    ingest_max_poll_interval_ms: int = Field(
+        default=300_000,
+        ge=1000,
+        description="Kafka's max.poll.interval.ms for the ingest consumer.",
+    )
+    ingest_commit_interval_ms: int = Field(
+        default=100,
+        ge=0,
+        le=10_000,
+        description="The least time between two offset commits: a batch after a quiet spell "
+        "is committed at once, a burst shares one commit. Each commit is a write to "
+        "__consumer_offsets; a crash re-reads at most this much more, as duplicates the "
+        "inbox key drops.",
+    )
+    ingest_batch_interval_ms: int = Field(
+        default=4,
+        ge=0,
+        le=1000,
+        description="The least time between the starts of two ingest transactions (0: none). "
+        "Under a steady flow a transaction then carries a few milliseconds of events rather "
+        "than one, and a cycle's fixed costs (a transaction and its commit, a relay batch) "
+        "are shared; a batch after a quiet spell goes at once, a full batch never waits. A "
+        "revocation waits for a batch being paced, so it may wait this much longer. "
+        "Measured in docs/benchmarks/tuning.md.",
+    )
+    ingest_fetch_wait_ms: int = Field(
+        default=8,
+        ge=0,
+        le=100,
+        description="While events flow (at least 8 records in the last 8 fetches), how long "
+        "the broker may hold an ingest fetch to gather more (0: never), so that a fetch "
+        "carries a few milliseconds of events rather than one; a sparse flow and an idle "
+        "daemon fetch as without it (matcher/kafka/fetch_wait.py). Measured in "
+        "docs/benchmarks/tuning.md.",
+    )
+    kafka_session_timeout_ms: int = Field(
+        default=10_000,
+        ge=1000,
+        description="How soon the consumer group notices a daemon that died (its partitions "
+        "then move).",
+    )
+    kafka_heartbeat_interval_ms: int = Field(
+        default=3_000,
+        ge=100,
+        description="How often the consumer heartbeats; below the session timeout.",
+    )
+    relay_batch_max: int = Field(
+        default=1000, ge=1, le=100_000, description="Resumes claimed and published per batch."
+    )
+    relay_linger_ms: int = Field(
+        default=0,
+        ge=0,
+        description="The resume producer's linger. The relay hands Kafka whole per-partition "
+        "batches, so lingering batches nothing more: it only adds its milliseconds to every "
+        "resume.",
+    )
+    relay_poll_interval_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="The relay's safety-net poll of the outbox (a NOTIFY wakes it first).",
+    )
+    relay_call_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="The longest one Kafka call of the relay may take (a start, a batch's "
+        "acknowledgements, a stop); past it the batch is rolled back and the producer "
+        "rebuilt.",
+    )
+    rematch_batch_max: int = Field(
+        default=500,
+        ge=1,
+        le=100_000,
+        description="Keys per rematch transaction (newly registered waits, and keys ingest "
+        "left busy, against stored events).",
+    )
+    rematch_interval_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="The rematch pass's safety-net poll (a NOTIFY at each registration wakes "
+        "it first).",
+    )
+    sweep_interval_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="How often deadlines are swept: a timeout fires up to this late.",
+    )
+    sweep_batch_max: int = Field(
+        default=1000, ge=1, description="Waits timed out per sweep transaction."
+    )
+    inbox_retention: timedelta = Field(
+        default=timedelta(days=7),
+        gt=timedelta(0),
+        description="Pending events expire this long after they arrived (ISO-8601 duration, "
+        "P7D, or seconds).",
+    )
+    inbox_purge_after: timedelta = Field(
+        default=timedelta(days=7),
+        ge=timedelta(0),
+        description="A day of events is dropped this long after the retention. Retention + "
+        "purge-after is the window in which duplicates are recognised (14 days by default, "
+        "and up to a day more).",
+    )
+    janitor_interval_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="How often the janitor expires pending events, purges the quarantine and "
+        "makes and drops inbox days.",
+    )
+    shutdown_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="How long SIGTERM waits for the loops to finish their batches (the "
+        "chart's termination grace is this + 15 s).",
+    )
+    admin_address: str = Field(
+        default="127.0.0.1:9464",
+        description="HOST:PORT of the admin HTTP API and the console (port 0: any free port).",
+    )
+    admin_token: SecretStr | None = Field(
+        default=None,
+        description="When set, /v1 and the console require it (a bearer header, or the "
+        "console's sign-in). Set but empty is refused (it would read as protected and "
+        "protect nothing), and so is one shorter than 32 characters or with fewer than 8 "
+        "distinct: `openssl rand -hex 32` makes one.",
+    )
+    admin_auth_failures_burst: int = Field(
+        default=10,
+        ge=1,
+        description="Failed attempts at the admin token one client address may make at once "
+        "(sign-in, bearer headers); then one per MATCHER_ADMIN_AUTH_FAILURE_INTERVAL_S, "
+        "past which the answer is 429 with Retry-After.",
+    )
+    admin_auth_failure_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="After the burst, one failed attempt per this many seconds per address.",
+    )
+    stats_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="How often the system-wide gauges are read from Postgres.",
+    )
 
     @field_validator("inbox_retention", "inbox_purge_after", "quarantine_retention", mode="before")
     @classmethod
@@ -353,22 +533,51 @@ class Settings(KafkaSettings):
 class IngressSettings(KafkaSettings):
     """``matcher ingress``: the webhook ingress (Kafka and the producers file; no database)."""
 
-    # Where it listens. Port 0: any free port (the address is logged at start).
-    ingress_address: str = "127.0.0.1:8080"
-    # Requests handled at once; past it a request gets 503 with Retry-After at once.
-    ingress_max_concurrency: int = Field(default=64, ge=1, le=100_000)
-    # Open connections at most (idle keep-alive ones included); past it, 503.
-    ingress_max_connections: int = Field(default=1024, ge=1, le=1_000_000)
-    # A request's headers must arrive within this, or the connection is closed; its body
-    # within as long again, or it is answered 408.
-    ingress_read_timeout_s: float = Field(default=10.0, gt=0)
-    # A body must keep arriving at this many bytes per second at least (after a first
-    # second), or it is answered 408: a body sent a byte at a time ends in about a second.
-    ingress_min_body_rate_bps: int = Field(default=500, ge=0)
-    # Kafka must acknowledge a record within this; past it the sender gets 503.
-    ingress_produce_timeout_s: float = Field(default=10.0, gt=0)
-    # SIGTERM: stop accepting, let in-flight requests finish for at most this long.
-    ingress_drain_timeout_s: float = Field(default=20.0, gt=0)
+    ingress_address: str = Field(
+        default="127.0.0.1:8080",
+        description="HOST:PORT the webhook ingress listens on (port 0: any free port, logged "
+        "at start).",
+    )
+    ingress_max_concurrency: int = Field(
+        default=64,
+        ge=1,
+        le=100_000,
+        description="Requests judged and forwarded at once, each taken once its body is "
+        "complete; past it a request gets 503 with Retry-After at once.",
+    )
+    ingress_max_connections: int = Field(
+        default=1024,
+        ge=1,
+        le=1_000_000,
+        description="Open connections at most (idle keep-alive ones included). Past it a new "
+        "connection evicts one waiting on its client (of the address holding the most, the "
+        "longest waiting); with every connection busy, 503. Bodies being read hold at most "
+        "this times MATCHER_MAX_EVENT_BYTES of memory.",
+    )
+    ingress_read_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="A request's headers must arrive within this, or the connection is "
+        "closed; its body within as long again, or it is answered 408.",
+    )
+    ingress_min_body_rate_bps: int = Field(
+        default=500,
+        ge=0,
+        description="A body must keep arriving at this many bytes per second at least (after "
+        "its first second), or it is answered 408 (0: no minimum).",
+    )
+    ingress_produce_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Kafka must acknowledge a record within this; past it the sender gets "
+        "503 (the record may still be written: a retry is a duplicate).",
+    )
+    ingress_drain_timeout_s: float = Field(
+        default=20.0,
+        gt=0,
+        description="On SIGTERM: stop accepting, and let in-flight requests finish for at "
+        "most this long.",
+    )
 
     @field_validator("ingress_address")
     @classmethod

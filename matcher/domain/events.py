@@ -166,7 +166,7 @@ class QuarantinedRecord(BaseModel):
     replay_result: str | None
 
 
-# Every reason a record is quarantined for, with what it means (the README and the schemas
+# Every reason a record is quarantined for, with what it means (the docs and the schemas
 # list the same codes; a test holds them equal).
 REASONS: dict[str, str] = {
     "malformed": "not a completion event matcher can read: not a CloudEvent at all, bad "

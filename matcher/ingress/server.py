@@ -1,8 +1,8 @@
 """Runs the ingress: uvicorn with internet-facing bounds, the Kafka forwarder, and the
 producers-file watch; SIGTERM drains in-flight requests, then stops.
 
-QuarantineLimits: open connections (``MATCHER_INGRESS_MAX_CONNECTIONS``; past it a new connection
-evicts the one waiting longest on its client, see ``_BoundedProtocol``), requests judged
+Bounds: open connections (``MATCHER_INGRESS_MAX_CONNECTIONS``; past it a new connection
+evicts one waiting on its client, see ``matcher.ingress.connections``), requests judged
 and forwarded at once (``MATCHER_INGRESS_MAX_CONCURRENCY``, in the app, taken only once a
 body is complete), header bytes (h11's incomplete-event bound while they arrive, and the
 app's check of what was parsed), and time: a request's headers must be complete within
@@ -20,133 +20,21 @@ import math
 import signal
 import socket
 from collections.abc import Generator
-from typing import Any, ClassVar
+from typing import Any
 
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from matcher.auth.registry_watch import RegistryHolder
 from matcher.config import IngressSettings
 from matcher.ingress.app import IngressState, create_app
+from matcher.ingress.connections import bounded_protocol
 from matcher.ingress.forwarder import Forwarder
 from matcher.ingress.metrics import (
-    CONNECTIONS_EVICTED,
     REGISTRY_RELOAD_FAILING,
     REGISTRY_RELOADS,
-    REQUESTS,
-    UNKNOWN_PRODUCER,
 )
 
 log = logging.getLogger("matcher.ingress")
-
-
-_OVERLOADED = (
-    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-    b"retry-after: 1\r\nconnection: close\r\ncontent-length: 23\r\n\r\n"
-    b'{"reason":"overloaded"}'
-)
-
-
-class _BoundedProtocol(H11Protocol):
-    """uvicorn's h11 protocol with two defences against clients that hold connections
-    without sending (slowloris: headers a byte at a time; slow bodies):
-
-    - a deadline on every request's headers (uvicorn itself waits for ever);
-    - at the connection bound, a new connection evicts the connection that has waited
-      longest on its client: one still sending its headers or body, or idle between
-      requests. A request whose body is complete (being judged or forwarded) is never
-      evicted. Legitimate senders finish a request in milliseconds, so the oldest
-      waiting connection is an idle or slow one; an attacker who keeps reconnecting only
-      evicts its own connections. Past the bound with every connection busy, the new
-      one's request gets uvicorn's 503.
-    """
-
-    header_timeout_s = 10.0  # set per server by ``_protocol``
-    max_connections = 1024
-    # The open connections, counted here rather than by uvicorn (whose count keeps an
-    # evicted connection until its close completes), and those waiting on their client,
-    # the longest-waiting first (both per server).
-    live: ClassVar[set[_BoundedProtocol]] = set()
-    waiting: ClassVar[dict[_BoundedProtocol, None]] = {}
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._deadline: asyncio.TimerHandle | None = None
-        self._arm()
-        self.live.add(self)
-        self._wait_on_client()
-        self._over_bound = len(self.live) > self.max_connections and not self._evict_one()
-
-    def _evict_one(self) -> bool:
-        victim = next((c for c in self.waiting if c is not self), None)
-        if victim is None:
-            return False  # every other connection is busy
-        del self.waiting[victim]
-        self.live.discard(victim)
-        victim.transport.close()
-        CONNECTIONS_EVICTED.inc()
-        return True
-
-    def _wait_on_client(self) -> None:
-        self.waiting.pop(self, None)
-        self.waiting[self] = None  # the end of the order: the most recent to wait
-
-    def _between_requests(self) -> bool:
-        return self.cycle is None or self.cycle.response_complete
-
-    def _arm(self) -> None:
-        if self._deadline is None:
-            self._deadline = self.loop.call_later(self.header_timeout_s, self._expire)
-
-    def _disarm(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
-
-    def _expire(self) -> None:
-        self._deadline = None
-        if self._between_requests() and not self.transport.is_closing():
-            self.transport.close()
-
-    def data_received(self, data: bytes) -> None:
-        if self._over_bound:  # past the bound with every connection busy: 503, closed
-            if not self.transport.is_closing():
-                REQUESTS.labels(UNKNOWN_PRODUCER, "overloaded").inc()
-                self.transport.write(_OVERLOADED)
-                self.transport.close()
-            return
-        if self._between_requests() and self._deadline is None:
-            self._arm()  # the next request's headers have begun
-            self._wait_on_client()  # its wait counts from its first byte
-        super().data_received(data)
-        if not self._between_requests():
-            self._disarm()
-            if not self.cycle.more_body:
-                self.waiting.pop(self, None)  # the request is all here: busy, not waiting
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.transport.is_closing() and self._between_requests():
-            self._wait_on_client()  # idle between requests
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        self.waiting.pop(self, None)
-        self.live.discard(self)
-        super().connection_lost(exc)
-
-
-def _protocol(header_timeout_s: float, max_connections: int) -> type[H11Protocol]:
-    return type(
-        "IngressH11Protocol",
-        (_BoundedProtocol,),
-        {
-            "header_timeout_s": header_timeout_s,
-            "max_connections": max_connections,
-            "live": set(),
-            "waiting": {},
-        },
-    )
 
 
 class _Server(uvicorn.Server):
@@ -161,7 +49,7 @@ def _uvicorn_config(settings: IngressSettings, app: Any) -> uvicorn.Config:
         app,
         host=host,
         port=port,
-        http=_protocol(settings.ingress_read_timeout_s, settings.ingress_max_connections),
+        http=bounded_protocol(settings.ingress_read_timeout_s, settings.ingress_max_connections),
         log_config=None,
         access_log=False,  # the app logs refusals; nothing of a request's body, ever
         lifespan="off",

@@ -3,7 +3,7 @@ real daemon, with real data in Postgres and Kafka.
 
 Chromium comes from scripts/install-chromium (Debian's package; installed when we may,
 else the tests fail with one line saying how). ``MATCHER_TEST_SCREENSHOTS_DIR`` makes the
-tests save the README's screenshots there (``make screenshots``).
+tests save the docs' screenshots there (``make screenshots``).
 """
 
 from __future__ import annotations

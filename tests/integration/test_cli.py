@@ -1,4 +1,4 @@
-"""The CLI as a black box: the README walkthrough, run as a user would run it."""
+"""The CLI as a black box: the quickstart's walkthrough, run as a user would run it."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ def _matcher(settings: Settings, *args: str, **env: str) -> subprocess.Completed
     )
 
 
+@pytest.mark.smoke
 def test_walkthrough(settings: Settings) -> None:
     daemon = DaemonProcess(process_env(settings))
     daemon.wait_ready()

@@ -45,6 +45,7 @@ def _spec(correlation: str, run: str = "run-1", **extra: object) -> WaitSpec:
     )
 
 
+@pytest.mark.smoke
 async def test_event_before_wait_resolves_on_registration(settings: Settings) -> None:
     early = event(correlation="corr-early", data={"result": 42})
     async with running_daemon(settings):
@@ -117,6 +118,7 @@ async def test_a_deadline_already_past_does_not_beat_an_event_already_stored(
     assert sorted(r.outcome for r in resumes) == ["event"] * runs + ["timeout"]
 
 
+@pytest.mark.smoke
 async def test_wait_before_event_resolves_on_ingest(settings: Settings) -> None:
     with psycopg.connect(settings.database_url.get_secret_value()) as conn:
         wait = register_wait(conn, _spec("corr-late-arrival"))
@@ -223,6 +225,7 @@ async def test_a_duplicate_id_with_other_content_is_dropped_but_logged_and_count
     ] * 2
 
 
+@pytest.mark.smoke
 async def test_timeout_races_completion_and_the_loser_is_recorded(settings: Settings) -> None:
     runs = 40
     now = datetime.now(UTC)

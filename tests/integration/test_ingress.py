@@ -34,6 +34,7 @@ def _events(settings: Settings) -> list[dict[str, Any]]:
     return rows(settings, "SELECT producer, event_id, correlation_id FROM matcher.inbox")
 
 
+@pytest.mark.smoke
 async def test_webhooks_from_three_kinds_of_sender_resume_their_runs(
     webhooks_secure: Settings, ingress: IngressProcess
 ) -> None:

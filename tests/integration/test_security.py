@@ -103,6 +103,7 @@ async def test_every_reason_code_is_quarantined_and_advances_nothing(secure: Set
     assert sorted(h["matcher-reason"].decode() for h in letters) == sorted(reasons)
 
 
+@pytest.mark.smoke
 async def test_a_producer_cannot_resolve_another_tenants_wait(secure: Settings) -> None:
     event, record = signed(tenant="globex")  # validly signed, wrong tenant
     wait_for(secure, event, tenant="globex")

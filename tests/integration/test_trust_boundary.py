@@ -400,7 +400,8 @@ async def test_crafted_signatures_cost_a_bounded_amount_and_legitimate_traffic_p
 
 class _SlowClients:
     """Connections that send almost nothing, reopened as they are closed: ``slowloris``
-    ones trickle their headers, ``slow_bodies`` declare 100 kB and send one byte."""
+    ones trickle their headers, ``slow_bodies`` declare 100 kB and send one byte. They come
+    from 127.0.0.2, another host as the ingress sees it, as an attacker's would."""
 
     def __init__(self, address: str, slowloris: int, slow_bodies: int) -> None:
         host, _, port = address.removeprefix("http://").partition(":")
@@ -424,7 +425,10 @@ class _SlowClients:
 
     def _hold(self, kind: str) -> None:
         while not self._stop.is_set():
-            with contextlib.suppress(OSError), socket.create_connection(self._target, 5) as conn:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(self._target, 5, ("127.0.0.2", 0)) as conn,
+            ):
                 self.opened += 1
                 if kind == "body":
                     conn.sendall(

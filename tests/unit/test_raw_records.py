@@ -26,6 +26,9 @@ from matcher.kafka.raw_records import (
 )
 from tests.support.records import RawHeaderName
 
+# Hundreds of generated batches, each read twice: past the unit tier's 20 s on a busy machine.
+pytestmark = pytest.mark.timeout(120)
+
 Record = tuple[int, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]
 GZIP = 1
 NOT_UTF8 = "header name is not UTF-8"

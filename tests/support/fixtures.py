@@ -1,4 +1,4 @@
-"""Fixtures: real Kafka and Postgres, and fresh state for every test.
+"""The fixtures every test tier shares: real Kafka and Postgres, and fresh state per test.
 
 Where the services come from, in order:
 1. ``MATCHER_KAFKA_BOOTSTRAP_SERVERS`` and ``MATCHER_DATABASE_URL``, when both are set;
