@@ -11,7 +11,7 @@ from uuid import UUID
 import psycopg
 
 from matcher.config import Settings
-from matcher.domain.explain import Explanation, explain, rfc3339
+from matcher.domain.explain import ExplainFacts, Explanation, explain, rfc3339
 from matcher.kafka.lag import group_lag, key_partitions
 from matcher.store.explain import gather
 
@@ -48,6 +48,33 @@ def explanation_body(run_id: str, explanation: Explanation) -> dict[str, Any]:
     return body
 
 
+NO_KAFKA = "Kafka is not configured (MATCHER_KAFKA_BOOTSTRAP_SERVERS)"
+KAFKA_SILENT = "Kafka could not be asked"
+
+
+async def consumer_lag(
+    settings: Settings, wait_s: float = 10.0
+) -> tuple[dict[int, int] | None, str]:
+    """The group's lag per partition, or None and why it is unknown."""
+    if not settings.kafka_bootstrap_servers:
+        return None, NO_KAFKA
+    lag = await group_lag(
+        settings.kafka_client_options(), settings.consumer_group, settings.events_topic, wait_s
+    )
+    return lag, KAFKA_SILENT
+
+
+def explain_with_lag(facts: ExplainFacts, lag: dict[int, int] | None, why: str) -> Explanation:
+    """The verdict on ``facts`` given the consumer lag: the one path from the lag, through
+    the partitions the wait's events go to, to ``explain`` (the CLI, the API and the
+    console all take it)."""
+    wait = facts.wait
+    partitions = key_partitions(wait.tenant, wait.correlation_id, len(lag)) if lag else {}
+    return explain(
+        dataclasses.replace(facts, partitions=partitions, lag=lag, lag_unknown_because=why)
+    )
+
+
 async def explain_run(
     settings: Settings,
     conn: psycopg.AsyncConnection[Any],
@@ -61,18 +88,7 @@ async def explain_run(
     Kafka is asked for the group's lag only when the wait still waits and Kafka is
     configured (an empty ``kafka_bootstrap_servers``: the CLI without Kafka settings)."""
     facts = await gather(conn, run_id, tenant)
-    wait = facts.wait
-    unknown_because = "Kafka could not be asked"
-    if lag is None and ask_kafka and wait.state == "waiting":
-        if settings.kafka_bootstrap_servers:
-            lag = await group_lag(
-                settings.kafka_client_options(), settings.consumer_group, settings.events_topic
-            )
-        else:
-            unknown_because = "Kafka is not configured (MATCHER_KAFKA_BOOTSTRAP_SERVERS)"
-    partitions = key_partitions(wait.tenant, wait.correlation_id, len(lag)) if lag else {}
-    return explain(
-        dataclasses.replace(
-            facts, partitions=partitions, lag=lag, lag_unknown_because=unknown_because
-        )
-    )
+    why = KAFKA_SILENT
+    if lag is None and ask_kafka and facts.wait.state == "waiting":
+        lag, why = await consumer_lag(settings)
+    return explain_with_lag(facts, lag, why)

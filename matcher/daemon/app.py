@@ -209,9 +209,9 @@ def _start_loops(
 def _settle_heap() -> None:
     """Move everything built so far (the imported modules, the loops' clients) out of
     the garbage collector's sight: it is kept for the process's life, and a full
-    collection scanned it all, pausing the daemon for 65-70 ms about every 4 s at
-    500 events/s, the largest part of the latency's tail. Only a process of its own
-    does this: it changes the collector for the whole interpreter."""
+    collection would scan it all, pausing the daemon for tens of milliseconds under load,
+    a large part of the latency's tail (docs/benchmarks/tuning.md). Only a process of its
+    own does this: it changes the collector for the whole interpreter."""
     gc.collect()
     gc.freeze()
 

@@ -4,13 +4,13 @@ ahead and dropped past the dedupe window (matcher.store.maintenance does the wor
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from matcher.config import Settings
+from matcher.daemon.periodic import every
 from matcher.store.maintenance import (
     drop_expired_days,
     ensure_days,
@@ -43,12 +43,15 @@ class Janitor:
         self._stop = stop
 
     async def run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                expired, purged = await tidy_once(self._pool, self._settings)
-                if expired or purged:
-                    log.info("inbox tidied", extra={"expired": expired, "purged": purged})
-            except psycopg.Error as exc:
-                log.warning("janitor pass failed; retrying later", extra={"error": exc})
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), self._settings.janitor_interval_s)
+        await every(
+            self._settings.janitor_interval_s,
+            self._stop,
+            self._tidy,
+            expected=(psycopg.Error,),
+            log=log,
+        )
+
+    async def _tidy(self) -> None:
+        expired, purged = await tidy_once(self._pool, self._settings)
+        if expired or purged:
+            log.info("inbox tidied", extra={"expired": expired, "purged": purged})

@@ -18,7 +18,6 @@ torn down (see matcher.kafka.deadlines) and a new one publishes the rows again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from typing import Any
@@ -33,6 +32,7 @@ from psycopg_pool import AsyncConnectionPool
 from matcher import metrics
 from matcher.config import Settings
 from matcher.daemon.faults import crash_point
+from matcher.daemon.periodic import pause
 from matcher.kafka.deadlines import acknowledged, start_producer, stop_producer
 from matcher.store import outbox
 from matcher.store.outbox import Claimed
@@ -140,14 +140,10 @@ class Relay:
                 finally:
                     await stop_producer(producer, self._call_timeout_s)
                 if not self._stop.is_set():
-                    await self._sleep(delay)
+                    await pause(self._stop, delay)
                     delay = min(delay * 2, 5.0)
         finally:
             log.info("relay stopped", extra={"published": self.published})
-
-    async def _sleep(self, seconds: float) -> None:
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._stop.wait(), seconds)
 
     async def _publish_until_stopped(self, producer: AIOKafkaProducer) -> None:
         while True:
@@ -157,15 +153,7 @@ class Relay:
                 continue  # more are likely waiting
             if self._stop.is_set():
                 return
-            waker = asyncio.create_task(self._wake.wait())
-            stopper = asyncio.create_task(self._stop.wait())
-            await asyncio.wait(
-                {waker, stopper},
-                timeout=self._settings.relay_poll_interval_s,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-            waker.cancel()
-            stopper.cancel()
+            await pause(self._stop, self._settings.relay_poll_interval_s, self._wake)
             if self._stop.is_set():
                 # Publish what the final batches resolved before leaving.
                 await self.publish_batch(producer)

@@ -7,7 +7,6 @@ key), with ``MATCHER_REMATCH_INTERVAL_S`` as the safety net. See matcher.store.r
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
@@ -17,6 +16,7 @@ from psycopg_pool import AsyncConnectionPool
 from matcher import metrics
 from matcher.config import Settings
 from matcher.daemon.faults import crash_point
+from matcher.daemon.periodic import every
 from matcher.store.rematch import rematch_once
 
 log = logging.getLogger("matcher.rematch")
@@ -46,17 +46,18 @@ class Rematch:
         self._wake.set()
 
     async def run(self) -> None:
-        limit = self._settings.rematch_batch_max
-        while not self._stop.is_set():
-            self._wake.clear()
-            try:
-                await self._drain(limit)
-            except _TRANSIENT as exc:
-                log.warning("rematch pass failed; retrying", extra={"error": exc})
-            await self._sleep()
+        await every(
+            self._settings.rematch_interval_s,
+            self._stop,
+            self._drain,
+            expected=_TRANSIENT,
+            log=log,
+            wake=self._wake,
+        )
         log.info("rematch stopped")
 
-    async def _drain(self, limit: int) -> None:
+    async def _drain(self) -> None:
+        limit = self._settings.rematch_batch_max
         while not self._stop.is_set():
             async with self._pool.connection() as conn:
                 result = await rematch_once(
@@ -68,18 +69,3 @@ class Rematch:
             metrics.LATE_EVENTS.inc(result.late)
             if result.keys < limit:
                 return
-
-    async def _sleep(self) -> None:
-        waker = asyncio.ensure_future(self._wake.wait())
-        stopper = asyncio.ensure_future(self._stop.wait())
-        try:
-            await asyncio.wait(
-                {waker, stopper},
-                timeout=self._settings.rematch_interval_s,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-        finally:
-            for task in (waker, stopper):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
@@ -12,6 +11,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from matcher.config import Settings
 from matcher.daemon.faults import crash_point
+from matcher.daemon.periodic import every
 from matcher.metrics import TIMEOUTS
 from matcher.store.waits import time_out_due
 
@@ -41,17 +41,21 @@ class Sweeper:
         self.timed_out = 0
 
     async def run(self) -> None:
-        limit = self._settings.sweep_batch_max
-        while not self._stop.is_set():
-            try:
-                while (count := await sweep_once(self._pool, limit)) > 0:
-                    self.timed_out += count
-                    TIMEOUTS.inc(count)
-                    self._on_resolved()
-                    if count < limit:
-                        break
-            except psycopg.Error as exc:
-                log.warning("sweep failed; retrying", extra={"error": exc})
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), self._settings.sweep_interval_s)
+        await every(
+            self._settings.sweep_interval_s,
+            self._stop,
+            self._sweep,
+            expected=(psycopg.Error,),
+            log=log,
+        )
         log.info("sweeper stopped", extra={"timed_out": self.timed_out})
+
+    async def _sweep(self) -> None:
+        """Every wait due now, a batch at a time."""
+        limit = self._settings.sweep_batch_max
+        while (count := await sweep_once(self._pool, limit)) > 0:
+            self.timed_out += count
+            TIMEOUTS.inc(count)
+            self._on_resolved()
+            if count < limit:
+                return

@@ -15,9 +15,9 @@ committed; their records are read again and the inbox key makes them duplicates.
 Commits are also spaced out: after one starts, the next waits until ``min_interval_s``
 has passed (unless ``flush`` asks for it sooner) and then carries every offset submitted
 meanwhile. Each commit is a request to the coordinator and a write to
-``__consumer_offsets``; at 500 events/s in batches of one or two, spacing them 100 ms
-apart took the broker from about 0.44 to 0.32 cores in paired runs. A batch after a quiet
-spell is committed at once. A crash re-reads at most the records of one interval more,
+``__consumer_offsets``, work for the broker on every batch at low rates, where batches
+are small (docs/benchmarks/tuning.md has the measurement). A batch after a quiet spell is
+committed at once. A crash re-reads at most the records of one interval more,
 and the inbox key makes them duplicates.
 
 A commit is bounded in time (``timeout_s``): aiokafka's ``commit`` looks for the group

@@ -197,7 +197,7 @@ async def test_refused_record_is_isolated_and_quarantined(settings: Settings, po
         settings.database_url.get_secret_value(), min_size=1, open=False
     ) as pool:
         ingest = Ingest(settings, pool, asyncio.Event(), on_resolved=lambda: None)
-        result = await asyncio.wait_for(ingest._store(records), 60)
+        result = await asyncio.wait_for(ingest.writer.store(records), 60)
     assert result.accepted == 5
     assert result.quarantined == 1
     [refused] = rows(settings, "SELECT kafka_offset, reason, detail FROM matcher.quarantine")

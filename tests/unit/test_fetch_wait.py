@@ -160,6 +160,6 @@ def test_records_end_a_poll_at_once() -> None:
             return {TopicPartition("events", 0): [record]}
 
     fetcher = _One()
-    batch = asyncio.run(ingest._fetch(fetcher, 200, 10))  # type: ignore[arg-type]
+    batch = asyncio.run(ingest.intake.fetch(fetcher, 200, 10))  # type: ignore[arg-type]
     assert fetcher.calls == 1
     assert sum(map(len, batch.values())) == 1

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from matcher.auth.signatures import hmac_sha256
 from matcher.config import Settings
-from matcher.daemon.ingest import INLINE_JUDGE_BYTES, Ingest, pacing_wait
+from matcher.daemon.ingest import Ingest
+from matcher.daemon.intake import INLINE_JUDGE_BYTES, pacing_wait
 from matcher.kafka.fetch import Batch, FetchedRecord
 
 A, B = TopicPartition("events", 0), TopicPartition("events", 1)
@@ -61,8 +62,8 @@ def _ingest(batch_max: int, interval_ms: int = 0) -> Ingest:
 
 
 async def _top_up(ingest: Ingest, batch: Batch, fetched: _Fetched) -> list[Any]:
-    records = await ingest._judged(batch)
-    await ingest._top_up(fetched, batch, records)  # type: ignore[arg-type]
+    records = await ingest.intake.judged(batch)
+    await ingest.intake.top_up(fetched, batch, records)  # type: ignore[arg-type]
     return records
 
 
@@ -96,7 +97,7 @@ def test_a_top_up_stays_within_the_batch_size() -> None:
 def test_large_batches_are_judged_off_the_event_loop(monkeypatch: Any) -> None:
     """A batch past the inline bound is judged in a worker thread, a small one on the
     event loop's own thread (no hand-over)."""
-    import matcher.daemon.ingest as ingest_module
+    import matcher.daemon.intake as ingest_module
 
     judged_on: list[str] = []
     judge = ingest_module.to_ingest_records
@@ -110,7 +111,7 @@ def test_large_batches_are_judged_off_the_event_loop(monkeypatch: Any) -> None:
     big: Batch = {A: [_record(A, n, size=INLINE_JUDGE_BYTES // 2 + 1) for n in range(2)]}
     small: Batch = {A: [_record(A, 0)]}
     for batch in (big, small):
-        records = asyncio.run(ingest._judged(batch))
+        records = asyncio.run(ingest.intake.judged(batch))
         assert [r.offset for r in records] == [m.offset for m in batch[A]]
     main = threading.main_thread().name
     assert judged_on[0] != main
@@ -139,13 +140,13 @@ def test_pacing_waits_out_the_interval_taking_what_arrives() -> None:
         ingest = _ingest(batch_max=batch_max, interval_ms=20)
         loop = asyncio.get_running_loop()
         if began_ago_s is not None:
-            ingest._batch_began = loop.time() - began_ago_s
+            ingest.intake.batch_began = loop.time() - began_ago_s
         batch: Batch = {A: [_record(A, 0)]}
         fetched = _Fetched([_record(A, 1), _record(A, 2), _record(A, 3)], per_call=1)
-        records = await ingest._judged(batch)
-        await ingest._paced(fetched, batch, records)  # type: ignore[arg-type]
-        assert ingest._batch_began is not None
-        assert ingest._batch_began >= loop.time() - 1
+        records = await ingest.intake.judged(batch)
+        await ingest.intake.paced(fetched, batch, records)  # type: ignore[arg-type]
+        assert ingest.intake.batch_began is not None
+        assert ingest.intake.batch_began >= loop.time() - 1
         return [r.offset for r in records], fetched
 
     offsets, fetched = asyncio.run(paced(began_ago_s=0.0, batch_max=10))
@@ -177,12 +178,12 @@ def test_a_paced_batch_is_not_held_by_a_rebalance_it_holds_up() -> None:
     async def paced() -> tuple[list[int], float]:
         ingest = _ingest(batch_max=10, interval_ms=20)
         loop = asyncio.get_running_loop()
-        ingest._batch_began = loop.time()
+        ingest.intake.batch_began = loop.time()
         batch: Batch = {A: [_record(A, 0)]}
         fetched = _Reassigning([_record(A, 1)], per_call=1)
-        records = await ingest._judged(batch)
+        records = await ingest.intake.judged(batch)
         began = loop.time()
-        await asyncio.wait_for(ingest._paced(fetched, batch, records), 10)  # type: ignore[arg-type]
+        await asyncio.wait_for(ingest.intake.paced(fetched, batch, records), 10)  # type: ignore[arg-type]
         assert [m.offset for m in batch[A]] == [0, 1]
         return [r.offset for r in records], loop.time() - began
 

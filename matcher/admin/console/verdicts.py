@@ -9,10 +9,10 @@ from collections import Counter
 
 import psycopg_pool
 
+from matcher.admin.explain import consumer_lag, explain_with_lag
 from matcher.config import Settings
-from matcher.domain.explain import ExplainFacts, Explanation, Verdict, explain
+from matcher.domain.explain import ExplainFacts, Explanation, Verdict
 from matcher.domain.waits import Wait
-from matcher.kafka.lag import group_lag, key_partitions
 from matcher.store.browsing import Overview, clock, overview, waiting_facts
 
 OLDEST_WAITING = 200
@@ -25,27 +25,10 @@ WAITING_VERDICTS = [
 ]
 
 
-async def consumer_lag(settings: Settings) -> tuple[dict[int, int] | None, str]:
-    if not settings.kafka_bootstrap_servers:
-        return None, "Kafka is not configured (MATCHER_KAFKA_BOOTSTRAP_SERVERS)"
-    lag = await group_lag(
-        settings.kafka_client_options(),
-        settings.consumer_group,
-        settings.events_topic,
-        wait_s=LAG_WAIT_S,
-    )
-    return lag, "Kafka could not be asked"
-
-
 def judged(
     facts: list[ExplainFacts], lag: dict[int, int] | None, why: str
 ) -> list[tuple[Wait, Explanation]]:
-    out = []
-    for f in facts:
-        partitions = key_partitions(f.wait.tenant, f.wait.correlation_id, len(lag)) if lag else {}
-        full = dataclasses.replace(f, partitions=partitions, lag=lag, lag_unknown_because=why)
-        out.append((f.wait, explain(full)))
-    return out
+    return [(f.wait, explain_with_lag(f, lag, why)) for f in facts]
 
 
 @dataclasses.dataclass
@@ -58,7 +41,7 @@ class Summary:
 async def summary(settings: Settings, pool: psycopg_pool.AsyncConnectionPool) -> Summary:
     async with pool.connection() as conn:
         found = await overview(conn, OLDEST_WAITING)
-    lag, why = await consumer_lag(settings)
+    lag, why = await consumer_lag(settings, LAG_WAIT_S)
     counts: Counter[str] = Counter({v.value: 0 for v in WAITING_VERDICTS})
     counts.update(e.verdict.value for _, e in judged(found.facts, lag, why))
     return Summary(found, lag, counts)
@@ -71,5 +54,5 @@ async def waiting_judged(
     async with pool.connection() as conn:
         now = await clock(conn)
         facts = await waiting_facts(conn, OLDEST_WAITING, now)
-    lag, why = await consumer_lag(settings)
+    lag, why = await consumer_lag(settings, LAG_WAIT_S)
     return judged(facts, lag, why)
