@@ -8,11 +8,13 @@ WORKDIR /src
 # The producer SDK is local: matcher depends on it by name, and installing both in one
 # command lets pip resolve that name to the local copy instead of an index.
 COPY producers/python producers/python
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY matcher matcher
 # A virtualenv keeps the install in one directory to copy into a runtime stage without pip.
+# The product and its runtime dependencies only (no test, lint, bench or docs groups, no
+# devstack), at the versions the tests passed with.
 RUN python -m venv /opt/matcher \
- && /opt/matcher/bin/pip install ./producers/python .
+ && /opt/matcher/bin/pip install -c constraints.txt ./producers/python .
 
 FROM python:3.11-slim
 # The root filesystem is read-only in the chart: no bytecode writes, and /tmp is a volume.

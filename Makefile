@@ -52,12 +52,17 @@ lint: install ## Lint, format check, strict type check, import contracts.
 	$(BIN)/mypy matcher tests producers/python devstack/matcher_devstack examples bench
 	$(BIN)/lint-imports
 
-lock: ## Renew constraints.txt: the newest versions every group allows (then run make test).
-	@test -x $(BIN)/python || $(MAKE) install
+# The pins every install uses (make install, CI): what `make test` passed with. `make lock`
+# renews them to the newest versions pyproject.toml's groups allow; run `make test`, and
+# commit constraints.txt with the change that needed it.
+LOCK_INPUT := -e ./producers/python\n-e ./devstack\n-e .[dev]\n
+lock: install ## Renew constraints.txt to the newest allowed versions (then run make test and commit it).
 	$(BIN)/python -m pip install --quiet 'uv>=0.5'
-	$(BIN)/python -m uv pip compile --quiet --python-version 3.11 --universal \
-	  --extra dev --no-header --no-annotate pyproject.toml producers/python/pyproject.toml \
-	  | grep -v '^-e \|^matcher' > constraints.txt
+	printf -- '$(LOCK_INPUT)' > $(VENV)/lock.in
+	$(BIN)/python -m uv pip compile --quiet --upgrade --python-version 3.11 --no-header \
+	  --no-annotate $(VENV)/lock.in -o $(VENV)/lock.out
+	{ echo '# Pinned by `make lock` (see the Makefile); installed with -c by `make install`.'; \
+	  grep -v '^-e' $(VENV)/lock.out; } > constraints.txt
 	rm -f $(STAMP)
 
 docs: install reference ## Serve the documentation site on http://127.0.0.1:8000 (reloads on edits).
