@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from datetime import datetime
 from typing import Any, Final, Literal
 from uuid import UUID
@@ -36,9 +38,15 @@ class ResumeData(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    # The SHA-256 of the message this was read from (set by parse_resume): it identifies
-    # the resume as published even once its event has left the inbox.
+    # The message this was read from (set by read_resume), and its SHA-256: the worker
+    # API verifies and advances by the message, and the digest identifies the resume as
+    # published even once its event has left the inbox.
+    _message: str | None = PrivateAttr(default=None)
     _message_sha256: bytes | None = PrivateAttr(default=None)
+
+    @property
+    def message(self) -> str | None:
+        return self._message
 
     @property
     def message_sha256(self) -> bytes | None:
@@ -65,6 +73,31 @@ class ResumeData(BaseModel):
     created_at: datetime
     resolved_at: datetime
     deadline: datetime | None = None
+
+
+class NotAResume(ValueError):
+    """A message of the resume topic that is not a resume (not JSON, not a
+    matcher.resume CloudEvent, or its data not a resume's)."""
+
+
+def read_resume(value: bytes | str) -> ResumeData:
+    """The resume carried by one message of the resume topic (a JSON CloudEvent), holding
+    the message it was read from."""
+    raw = value.encode() if isinstance(value, str) else value
+    try:
+        text = raw.decode("utf-8")
+        envelope = json.loads(text)
+    except ValueError as exc:
+        raise NotAResume(f"not UTF-8 JSON: {exc}") from exc
+    if not isinstance(envelope, dict) or envelope.get("type") != RESUME_TYPE:
+        raise NotAResume(f"not a {RESUME_TYPE} CloudEvent")
+    try:
+        resume = ResumeData.model_validate(envelope.get("data"))
+    except ValueError as exc:
+        raise NotAResume(f"its data is not a resume: {str(exc).splitlines()[0]}") from exc
+    resume._message = text
+    resume._message_sha256 = hashlib.sha256(raw).digest()
+    return resume
 
 
 class ResumeCloudEvent(BaseModel):

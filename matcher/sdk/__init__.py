@@ -1,31 +1,42 @@
 """The worker SDK: what an agent worker imports to wait durably and resume exactly once.
 
-    from matcher.sdk import WaitSpec, register_wait, parse_resume, advance
+    from matcher.sdk import WaitSpec, register_wait
 
     with psycopg.connect(url) as conn, conn.transaction():
         save_my_run_state(conn, ...)
         register_wait(conn, WaitSpec(tenant="acme", run_id="r1", position=3,
                                      event_types=["job.completed", "job.failed"],
                                      correlation_id=correlation_id))
-    # ... the worker goes away; later, any worker reads the resume topic:
-    resume = parse_resume(message.value)
-    with psycopg.connect(url) as conn:
-        if advance(conn, resume):        # True once per resolution, whatever the redeliveries
-            continue_run(resume)         # resume.event says which event resolved the wait
+    # ... the worker goes away; later, the resume worker calls your handler with the
+    # transaction that advances the run (matcher.sdk.worker, or `matcher worker`):
 
-Importing it starts nothing: no daemon, no Kafka client.
+    async def handle(tx, resume):          # resume.event says which event resolved the wait
+        await continue_run(tx, resume)     # commits with the advance, or neither does
+
+Every call goes through the worker API in SQL (functions matcher.*_v1), in the caller's
+transaction; each has an ``_async`` twin for asyncio workers. Importing this starts
+nothing: no daemon, no Kafka client.
 """
 
 from matcher.domain.launches import Found, Launch, LaunchSpec, LaunchState, NotFound, Unknown
-from matcher.domain.resume import ResumeData, ResumeEvent
+from matcher.domain.resume import NotAResume, ResumeData, ResumeEvent
 from matcher.domain.waits import Outcome, Wait, WaitSpec, WaitState
 from matcher.sdk.resumes import parse_resume
-from matcher.store.launches import audit_trail, get_launch, record_job_id, record_launch
+from matcher.store.launches import (
+    audit_trail,
+    get_launch,
+    record_job_id,
+    record_job_id_async,
+    record_launch,
+    record_launch_async,
+)
 from matcher.store.waits import (
-    UnverifiedResume,
     advance,
     advance_async,
     cancel_wait,
+    cancel_wait_async,
+    committed_resume,
+    committed_resume_async,
     get_wait,
     list_waits,
     register_wait,
@@ -33,16 +44,19 @@ from matcher.store.waits import (
     verify_resume,
     verify_resume_async,
 )
+from matcher.store.worker_api import Unadvanced, UnverifiedResume
 
 __all__ = [
     "Found",
     "Launch",
     "LaunchSpec",
     "LaunchState",
+    "NotAResume",
     "NotFound",
     "Outcome",
     "ResumeData",
     "ResumeEvent",
+    "Unadvanced",
     "Unknown",
     "UnverifiedResume",
     "Wait",
@@ -52,12 +66,17 @@ __all__ = [
     "advance_async",
     "audit_trail",
     "cancel_wait",
+    "cancel_wait_async",
+    "committed_resume",
+    "committed_resume_async",
     "get_launch",
     "get_wait",
     "list_waits",
     "parse_resume",
     "record_job_id",
+    "record_job_id_async",
     "record_launch",
+    "record_launch_async",
     "register_wait",
     "register_wait_async",
     "verify_resume",

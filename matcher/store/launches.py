@@ -13,9 +13,16 @@ from typing import Any
 from psycopg.rows import dict_row, tuple_row
 
 from matcher.domain.launches import Answer, Found, Launch, LaunchSpec, NotFound, Unknown
-from matcher.domain.waits import WaitSpec
 from matcher.store.sql import query
-from matcher.store.waits import Conn, cancel_wait
+from matcher.store.waits import cancel_wait
+from matcher.store.worker_api import (
+    AsyncConn,
+    Conn,
+    call,
+    call_async,
+    record_job_id_call,
+    record_launch_call,
+)
 
 log = logging.getLogger("matcher.launches")
 
@@ -23,55 +30,34 @@ Reconciler = Callable[[Launch], Answer | Awaitable[Answer]]
 
 
 def record_launch(conn: Conn, spec: LaunchSpec) -> Launch:
-    """Record the intent and its wait, in one statement, BEFORE calling the external system.
+    """Record the intent and its wait (``matcher.record_launch_v1``), BEFORE calling the
+    external system.
 
     Give the external system ``launch.idempotency_key`` and ``launch.correlation_id``;
     afterwards, ``record_job_id``. Calling this again with the same idempotency key (a
     retry after a crash) returns the launch recorded the first time and adds nothing. Like
     ``register_wait`` it takes no lock, so the caller's transaction may stay open.
     """
-    key = {"tenant": spec.tenant, "idempotency_key": spec.key()}
-    wait = WaitSpec(
-        tenant=spec.tenant,
-        run_id=spec.run_id,
-        position=spec.position,
-        event_types=spec.event_types,
-        correlation_id=spec.correlation_id or str(uuid.uuid4()),
-        deadline=spec.deadline,
-    )
-    params = {
-        **key,
-        "id": uuid.uuid4(),
-        "run_id": spec.run_id,
-        "position": spec.position,
-        "correlation_id": wait.correlation_id,
-        "wait_id": uuid.uuid4(),
-        "event_types": wait.event_types,
-        "deadline": wait.deadline,
-    }
-    if wait.deadline is not None and wait.deadline.tzinfo is None:
-        raise ValueError("deadline must be timezone-aware")
-    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(query("launches", "insert_launch"), params).fetchone()
-        if row is None:  # recorded before: the first one stands
-            row = cur.execute(query("launches", "launch_by_key"), key).fetchone()
-    assert row is not None
-    return Launch.model_validate(row)
+    return call(conn, record_launch_call(spec))
+
+
+async def record_launch_async(conn: AsyncConn, spec: LaunchSpec) -> Launch:
+    """``record_launch`` for asyncio workers."""
+    return await call_async(conn, record_launch_call(spec))
 
 
 def record_job_id(conn: Conn, launch_id: uuid.UUID | str, external_job_id: str) -> bool:
     """Store the external job id on the intent and its wait. True when this call stored it
-    (or the same id was stored before); False when a different id is already recorded."""
-    with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
-        row = cur.execute(
-            query("launches", "record_job_id"),
-            {"id": launch_id, "external_job_id": external_job_id},
-        ).fetchone()
-    assert row is not None
-    recorded, current, found = row
-    if not found:
-        raise LookupError(f"no launch {launch_id}")
-    return bool(recorded) or current == external_job_id
+    (or the same id was stored before); False when a different id is already recorded;
+    ``LookupError`` when there is no such launch."""
+    return call(conn, record_job_id_call(launch_id, external_job_id))
+
+
+async def record_job_id_async(
+    conn: AsyncConn, launch_id: uuid.UUID | str, external_job_id: str
+) -> bool:
+    """``record_job_id`` for asyncio workers."""
+    return await call_async(conn, record_job_id_call(launch_id, external_job_id))
 
 
 def get_launch(conn: Conn, launch_id: uuid.UUID | str) -> Launch | None:

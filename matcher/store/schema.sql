@@ -25,6 +25,276 @@ CREATE SCHEMA matcher;
 
 
 --
+-- Name: unadvanced_resolution_v1; Type: TYPE; Schema: matcher; Owner: -
+--
+
+CREATE TYPE matcher.unadvanced_resolution_v1 AS (
+	resolution_id uuid,
+	wait_id uuid,
+	tenant text,
+	run_id text,
+	"position" bigint,
+	committed_at timestamp with time zone,
+	message text
+);
+
+
+--
+-- Name: worker_failure_v1; Type: TYPE; Schema: matcher; Owner: -
+--
+
+CREATE TYPE matcher.worker_failure_v1 AS (
+	attempts integer,
+	parked boolean
+);
+
+
+--
+-- Name: advance_v1(text); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.advance_v1(message text) RETURNS text
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    data jsonb := matcher.verify_resume_v1(message);
+    the_tenant text := data ->> 'tenant';
+    the_run text := data ->> 'run_id';
+    the_position bigint := (data ->> 'position')::bigint;
+    now_at bigint;
+BEGIN
+    INSERT INTO matcher.runs AS r (tenant, run_id, "position", last_resolution_id, version,
+                                   advanced_at)
+    VALUES (the_tenant, the_run, the_position + 1, (data ->> 'resolution_id')::uuid, 1, now())
+    ON CONFLICT ON CONSTRAINT runs_pkey DO UPDATE
+    SET "position" = EXCLUDED."position", last_resolution_id = EXCLUDED.last_resolution_id,
+        version = r.version + 1, updated_at = now(), advanced_at = now()
+    WHERE r."position" = the_position
+    RETURNING r."position" INTO now_at;
+    IF FOUND THEN
+        DELETE FROM matcher.worker_failures AS f
+        WHERE f.resolution_id = (data ->> 'resolution_id')::uuid;
+        RETURN 'advanced';
+    END IF;
+    SELECT r."position" INTO now_at FROM matcher.runs AS r
+    WHERE r.tenant = the_tenant AND r.run_id = the_run;
+    RETURN CASE WHEN now_at > the_position THEN 'duplicate' ELSE 'behind' END;
+END $$;
+
+
+--
+-- Name: resolve_waits(uuid[], text, text, text, text[], text[], timestamp with time zone[]); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.resolve_waits(wait_ids uuid[], new_state text, how text, outcome text, producers text[] DEFAULT NULL::text[], event_ids text[] DEFAULT NULL::text[], received_at timestamp with time zone[] DEFAULT NULL::timestamp with time zone[]) RETURNS bigint
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+    resolved_count bigint;
+    -- A variable, not a constant: see above.
+    still_waiting text := 'waiting';
+BEGIN
+    WITH target AS (
+        SELECT *
+        FROM unnest(
+            resolve_waits.wait_ids,
+            coalesce(resolve_waits.producers,
+                     array_fill(NULL::text, ARRAY[cardinality(resolve_waits.wait_ids)])),
+            coalesce(resolve_waits.event_ids,
+                     array_fill(NULL::text, ARRAY[cardinality(resolve_waits.wait_ids)])),
+            coalesce(resolve_waits.received_at,
+                     array_fill(NULL::timestamptz, ARRAY[cardinality(resolve_waits.wait_ids)]))
+        ) AS u(wait_id, producer, event_id, received_at)
+    ), resolved AS (
+        UPDATE matcher.waits AS w
+        SET state = resolve_waits.new_state, resolved_at = now(),
+            resolution = resolve_waits.how,
+            resolved_by_producer = t.producer, resolved_by_event_id = t.event_id,
+            resolved_by_received_at = CASE WHEN t.producer IS NULL THEN NULL
+                                           ELSE coalesce(t.received_at, now()) END,
+            version = w.version + 1
+        FROM target AS t
+        WHERE w.id = t.wait_id AND w.state = still_waiting
+        RETURNING w.id, w.tenant, w.run_id
+    ), queued AS (
+        INSERT INTO matcher.outbox (wait_id, tenant, run_id, outcome)
+        SELECT id, tenant, run_id, resolve_waits.outcome FROM resolved
+        RETURNING 1
+    )
+    SELECT count(*) INTO resolved_count FROM queued;
+    RETURN resolved_count;
+END
+$$;
+
+
+--
+-- Name: cancel_wait_v1(uuid); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.cancel_wait_v1(wait_id uuid) RETURNS boolean
+    LANGUAGE sql
+    RETURN (matcher.resolve_waits(ARRAY[wait_id], 'cancelled'::text, 'cancel'::text, 'cancelled'::text) > 0);
+
+
+--
+-- Name: checked_ident(text, text); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.checked_ident(what text, value text) RETURNS text
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF value IS NULL OR value !~ '\S' THEN
+        RAISE EXCEPTION 'matcher: % must be non-empty text', what USING ERRCODE = '22023';
+    END IF;
+    IF octet_length(value) > 512 THEN
+        RAISE EXCEPTION 'matcher: % must be at most 512 bytes (UTF-8)', what
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN value;
+END $$;
+
+
+--
+-- Name: checked_position(bigint); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.checked_position("position" bigint) RETURNS bigint
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF "position" IS NULL OR "position" < 0 THEN
+        RAISE EXCEPTION 'matcher: position must be 0 or more' USING ERRCODE = '22023';
+    END IF;
+    RETURN "position";
+END $$;
+
+
+--
+-- Name: checked_types(text[]); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.checked_types(event_types text[]) RETURNS text[]
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+DECLARE
+    t text;
+BEGIN
+    IF event_types IS NULL OR cardinality(event_types) = 0 THEN
+        RAISE EXCEPTION 'matcher: event_types must name at least one type' USING ERRCODE = '22023';
+    END IF;
+    FOREACH t IN ARRAY event_types LOOP
+        PERFORM matcher.checked_ident('an event type', t);
+    END LOOP;
+    RETURN ARRAY(SELECT DISTINCT u FROM unnest(event_types) AS u ORDER BY u);
+END $$;
+
+
+--
+-- Name: rfc3339(timestamp with time zone); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.rfc3339(ts timestamp with time zone) RETURNS text
+    LANGUAGE sql STABLE STRICT PARALLEL SAFE
+    RETURN to_char((ts AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'::text);
+
+
+SET default_tablespace = '';
+
+--
+-- Name: inbox; Type: TABLE; Schema: matcher; Owner: -
+--
+
+CREATE TABLE matcher.inbox (
+    producer text NOT NULL,
+    event_id text NOT NULL,
+    tenant text NOT NULL,
+    type text NOT NULL,
+    correlation_id text NOT NULL,
+    external_job_id text,
+    occurred_at timestamp with time zone,
+    received_at timestamp with time zone DEFAULT now() NOT NULL,
+    kafka_topic text,
+    kafka_partition integer,
+    kafka_offset bigint,
+    data jsonb,
+    status text DEFAULT 'pending'::text NOT NULL,
+    consumed_by uuid,
+    late_for uuid,
+    status_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT inbox_status_check1 CHECK ((status = ANY (ARRAY['pending'::text, 'consumed'::text, 'late'::text, 'expired'::text])))
+)
+PARTITION BY RANGE (received_at);
+
+
+SET default_table_access_method = heap;
+
+--
+-- Name: waits; Type: TABLE; Schema: matcher; Owner: -
+--
+
+CREATE TABLE matcher.waits (
+    id uuid NOT NULL,
+    tenant text NOT NULL,
+    run_id text NOT NULL,
+    "position" bigint NOT NULL,
+    event_types text[] NOT NULL,
+    correlation_id text NOT NULL,
+    external_job_id text,
+    deadline timestamp with time zone,
+    state text DEFAULT 'waiting'::text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    resolved_at timestamp with time zone,
+    resolution text,
+    resolved_by_producer text,
+    resolved_by_event_id text,
+    version integer DEFAULT 0 NOT NULL,
+    resolved_by_received_at timestamp with time zone,
+    CONSTRAINT waits_check CHECK (((state = 'waiting'::text) = (resolved_at IS NULL))),
+    CONSTRAINT waits_event_types_check CHECK ((cardinality(event_types) > 0)),
+    CONSTRAINT waits_resolution_check CHECK ((resolution = ANY (ARRAY['event'::text, 'deadline'::text, 'cancel'::text]))),
+    CONSTRAINT waits_state_check CHECK ((state = ANY (ARRAY['waiting'::text, 'matched'::text, 'timed_out'::text, 'cancelled'::text])))
+);
+
+
+--
+-- Name: resume_message(uuid, text, matcher.waits, matcher.inbox); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.resume_message(resolution_id uuid, outcome text, w matcher.waits, i matcher.inbox) RETURNS json
+    LANGUAGE sql STABLE PARALLEL SAFE
+    RETURN json_build_object('specversion', '1.0', 'id', resolution_id, 'source', 'matcher', 'type', 'matcher.resume', 'subject', (w).run_id, 'time', matcher.rfc3339((w).resolved_at), 'datacontenttype', 'application/json', 'tenant', (w).tenant, 'data', json_build_object('resolution_id', resolution_id, 'tenant', (w).tenant, 'run_id', (w).run_id, 'position', (w)."position", 'outcome', outcome, 'wait_id', (w).id, 'correlation_id', (w).correlation_id, 'event_types', (w).event_types, 'event', CASE WHEN (outcome = 'event'::text) THEN json_build_object('source', (w).resolved_by_producer, 'id', (w).resolved_by_event_id, 'type', COALESCE((i).type, ''::text), 'data', (i).data, 'external_job_id', (i).external_job_id, 'occurred_at', matcher.rfc3339((i).occurred_at), 'topic', (i).kafka_topic, 'partition', (i).kafka_partition, 'offset', (i).kafka_offset, 'received_at', matcher.rfc3339(COALESCE((i).received_at, (w).resolved_at))) ELSE NULL::json END, 'created_at', matcher.rfc3339((w).created_at), 'resolved_at', matcher.rfc3339((w).resolved_at), 'deadline', matcher.rfc3339((w).deadline)));
+
+
+--
+-- Name: outbox; Type: TABLE; Schema: matcher; Owner: -
+--
+
+CREATE TABLE matcher.outbox (
+    id bigint NOT NULL,
+    resolution_id uuid DEFAULT gen_random_uuid() NOT NULL,
+    wait_id uuid NOT NULL,
+    tenant text NOT NULL,
+    run_id text NOT NULL,
+    outcome text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    published_at timestamp with time zone,
+    message_sha256 bytea,
+    CONSTRAINT outbox_outcome_check CHECK ((outcome = ANY (ARRAY['event'::text, 'timeout'::text, 'cancelled'::text])))
+);
+
+
+--
+-- Name: committed_resume_v1(uuid, uuid); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.committed_resume_v1(wait_id uuid, resolution_id uuid DEFAULT NULL::uuid) RETURNS text
+    LANGUAGE sql STABLE
+    RETURN (SELECT (matcher.resume_message(o.resolution_id, o.outcome, w.*, i.*))::text AS resume_message FROM ((matcher.outbox o JOIN matcher.waits w ON ((w.id = o.wait_id))) LEFT JOIN matcher.inbox i ON (((i.producer = w.resolved_by_producer) AND (i.event_id = w.resolved_by_event_id) AND (i.received_at = w.resolved_by_received_at)))) WHERE ((o.wait_id = committed_resume_v1.wait_id) AND ((committed_resume_v1.resolution_id IS NULL) OR (o.resolution_id = committed_resume_v1.resolution_id)) AND (NOT ((o.outcome = 'event'::text) AND (i.producer IS NULL)))) ORDER BY o.id DESC LIMIT 1);
+
+
+--
 -- Name: ensure_inbox_partitions(timestamp with time zone, timestamp with time zone); Type: FUNCTION; Schema: matcher; Owner: -
 --
 
@@ -241,6 +511,36 @@ $$;
 
 
 --
+-- Name: launches; Type: TABLE; Schema: matcher; Owner: -
+--
+
+CREATE TABLE matcher.launches (
+    id uuid NOT NULL,
+    tenant text NOT NULL,
+    run_id text NOT NULL,
+    "position" bigint NOT NULL,
+    idempotency_key text NOT NULL,
+    correlation_id text NOT NULL,
+    wait_id uuid NOT NULL,
+    external_job_id text,
+    state text DEFAULT 'intent'::text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    reconcile_attempts integer DEFAULT 0 NOT NULL,
+    CONSTRAINT launches_state_check CHECK ((state = ANY (ARRAY['intent'::text, 'submitted'::text, 'reconciled'::text, 'failed'::text])))
+);
+
+
+--
+-- Name: launch_json(matcher.launches); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.launch_json(l matcher.launches) RETURNS jsonb
+    LANGUAGE sql STABLE PARALLEL SAFE
+    RETURN jsonb_build_object('id', (l).id, 'tenant', (l).tenant, 'run_id', (l).run_id, 'position', (l)."position", 'idempotency_key', (l).idempotency_key, 'correlation_id', (l).correlation_id, 'wait_id', (l).wait_id, 'external_job_id', (l).external_job_id, 'state', (l).state, 'created_at', matcher.rfc3339((l).created_at), 'updated_at', matcher.rfc3339((l).updated_at), 'reconcile_attempts', (l).reconcile_attempts);
+
+
+--
 -- Name: queue_new_waits(); Type: FUNCTION; Schema: matcher; Owner: -
 --
 
@@ -259,125 +559,287 @@ $$;
 
 
 --
--- Name: resolve_waits(uuid[], text, text, text, text[], text[], timestamp with time zone[]); Type: FUNCTION; Schema: matcher; Owner: -
+-- Name: record_job_id_v1(uuid, text); Type: FUNCTION; Schema: matcher; Owner: -
 --
 
-CREATE FUNCTION matcher.resolve_waits(wait_ids uuid[], new_state text, how text, outcome text, producers text[] DEFAULT NULL::text[], event_ids text[] DEFAULT NULL::text[], received_at timestamp with time zone[] DEFAULT NULL::timestamp with time zone[]) RETURNS bigint
+CREATE FUNCTION matcher.record_job_id_v1(launch_id uuid, external_job_id text) RETURNS boolean
     LANGUAGE plpgsql
-    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 DECLARE
-    resolved_count bigint;
-    -- A variable, not a constant: see above.
-    still_waiting text := 'waiting';
+    stored_job_id text;
+    recorded boolean;
 BEGIN
-    WITH target AS (
-        SELECT *
-        FROM unnest(
-            resolve_waits.wait_ids,
-            coalesce(resolve_waits.producers,
-                     array_fill(NULL::text, ARRAY[cardinality(resolve_waits.wait_ids)])),
-            coalesce(resolve_waits.event_ids,
-                     array_fill(NULL::text, ARRAY[cardinality(resolve_waits.wait_ids)])),
-            coalesce(resolve_waits.received_at,
-                     array_fill(NULL::timestamptz, ARRAY[cardinality(resolve_waits.wait_ids)]))
-        ) AS u(wait_id, producer, event_id, received_at)
-    ), resolved AS (
-        UPDATE matcher.waits AS w
-        SET state = resolve_waits.new_state, resolved_at = now(),
-            resolution = resolve_waits.how,
-            resolved_by_producer = t.producer, resolved_by_event_id = t.event_id,
-            resolved_by_received_at = CASE WHEN t.producer IS NULL THEN NULL
-                                           ELSE coalesce(t.received_at, now()) END,
-            version = w.version + 1
-        FROM target AS t
-        WHERE w.id = t.wait_id AND w.state = still_waiting
-        RETURNING w.id, w.tenant, w.run_id
-    ), queued AS (
-        INSERT INTO matcher.outbox (wait_id, tenant, run_id, outcome)
-        SELECT id, tenant, run_id, resolve_waits.outcome FROM resolved
-        RETURNING 1
+    PERFORM matcher.checked_ident('external_job_id', record_job_id_v1.external_job_id);
+    WITH launch AS (
+        UPDATE matcher.launches AS l
+        SET external_job_id = record_job_id_v1.external_job_id, state = 'submitted',
+            updated_at = now()
+        WHERE l.id = record_job_id_v1.launch_id AND l.state = 'intent'
+        RETURNING l.id, l.wait_id
+    ), wait AS (
+        UPDATE matcher.waits AS w SET external_job_id = record_job_id_v1.external_job_id
+        FROM launch WHERE w.id = launch.wait_id
+        RETURNING w.id
+    ), audit AS (
+        INSERT INTO matcher.launch_audit (launch_id, actor, answer, external_job_id)
+        SELECT id, 'worker', 'submitted', record_job_id_v1.external_job_id FROM launch
     )
-    SELECT count(*) INTO resolved_count FROM queued;
-    RETURN resolved_count;
-END
-$$;
+    SELECT count(*) > 0 INTO recorded FROM launch;
+    IF recorded THEN
+        RETURN true;
+    END IF;
+    SELECT l.external_job_id INTO stored_job_id FROM matcher.launches AS l
+    WHERE l.id = record_job_id_v1.launch_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'matcher: no launch %', record_job_id_v1.launch_id
+            USING ERRCODE = 'P0002';
+    END IF;
+    RETURN stored_job_id IS NOT DISTINCT FROM record_job_id_v1.external_job_id;
+END $$;
 
 
 --
--- Name: rfc3339(timestamp with time zone); Type: FUNCTION; Schema: matcher; Owner: -
+-- Name: record_launch_v1(text, text, bigint, text[], text, timestamp with time zone, text); Type: FUNCTION; Schema: matcher; Owner: -
 --
 
-CREATE FUNCTION matcher.rfc3339(ts timestamp with time zone) RETURNS text
-    LANGUAGE sql STABLE STRICT PARALLEL SAFE
-    RETURN to_char((ts AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'::text);
+CREATE FUNCTION matcher.record_launch_v1(tenant text, run_id text, "position" bigint, event_types text[], correlation_id text DEFAULT NULL::text, deadline timestamp with time zone DEFAULT NULL::timestamp with time zone, idempotency_key text DEFAULT NULL::text) RETURNS jsonb
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    the_tenant text := matcher.checked_ident('tenant', record_launch_v1.tenant);
+    the_run text := matcher.checked_ident('run_id', record_launch_v1.run_id);
+    the_position bigint := matcher.checked_position(record_launch_v1."position");
+    the_key text := coalesce(
+        record_launch_v1.idempotency_key, the_tenant || ':' || the_run || ':' || the_position
+    );
+    the_correlation text := coalesce(record_launch_v1.correlation_id, gen_random_uuid()::text);
+    the_types text[] := matcher.checked_types(record_launch_v1.event_types);
+    the_wait uuid := gen_random_uuid();
+    stored matcher.launches;
+BEGIN
+    PERFORM matcher.checked_ident('idempotency_key', the_key);
+    PERFORM matcher.checked_ident('correlation_id', the_correlation);
+    -- One statement, both rows or neither (the launch's foreign key to its wait is checked
+    -- at its end). The unique key is the only synchronisation: a concurrent retry waits
+    -- for the first insert to commit or roll back, then inserts nothing (READ COMMITTED),
+    -- or fails with a serialization error to retry (REPEATABLE READ, SERIALIZABLE).
+    WITH launch AS (
+        INSERT INTO matcher.launches AS l (
+            id, tenant, run_id, "position", idempotency_key, correlation_id, wait_id
+        )
+        VALUES (gen_random_uuid(), the_tenant, the_run, the_position, the_key, the_correlation,
+                the_wait)
+        ON CONFLICT ON CONSTRAINT launches_tenant_idempotency_key_key DO NOTHING
+        RETURNING *
+    ), wait AS (
+        INSERT INTO matcher.waits (id, tenant, run_id, "position", event_types, correlation_id,
+                                   deadline)
+        SELECT launch.wait_id, launch.tenant, launch.run_id, launch."position", the_types,
+               launch.correlation_id, record_launch_v1.deadline
+        FROM launch
+        RETURNING id
+    )
+    SELECT launch.* INTO stored FROM launch;
+    IF stored.id IS NULL THEN  -- recorded before: the first one stands
+        SELECT * INTO stored FROM matcher.launches AS l
+        WHERE l.tenant = the_tenant AND l.idempotency_key = the_key;
+    END IF;
+    RETURN matcher.launch_json(stored);
+END $$;
 
-
-SET default_tablespace = '';
 
 --
--- Name: inbox; Type: TABLE; Schema: matcher; Owner: -
+-- Name: record_worker_failure_v1(text, text, integer); Type: FUNCTION; Schema: matcher; Owner: -
 --
 
-CREATE TABLE matcher.inbox (
-    producer text NOT NULL,
-    event_id text NOT NULL,
-    tenant text NOT NULL,
-    type text NOT NULL,
-    correlation_id text NOT NULL,
-    external_job_id text,
-    occurred_at timestamp with time zone,
-    received_at timestamp with time zone DEFAULT now() NOT NULL,
-    kafka_topic text,
-    kafka_partition integer,
-    kafka_offset bigint,
-    data jsonb,
-    status text DEFAULT 'pending'::text NOT NULL,
-    consumed_by uuid,
-    late_for uuid,
-    status_at timestamp with time zone DEFAULT now() NOT NULL,
-    CONSTRAINT inbox_status_check1 CHECK ((status = ANY (ARRAY['pending'::text, 'consumed'::text, 'late'::text, 'expired'::text])))
-)
-PARTITION BY RANGE (received_at);
+CREATE FUNCTION matcher.record_worker_failure_v1(message text, error text, max_attempts integer) RETURNS matcher.worker_failure_v1
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    data jsonb := matcher.verify_resume_v1(message);
+    counted matcher.worker_failure_v1;
+BEGIN
+    INSERT INTO matcher.worker_failures AS f (
+        resolution_id, wait_id, tenant, run_id, "position", attempts, last_error, parked_at
+    )
+    VALUES (
+        (data ->> 'resolution_id')::uuid, (data ->> 'wait_id')::uuid, data ->> 'tenant',
+        data ->> 'run_id', (data ->> 'position')::bigint, 1, left(error, 2000),
+        CASE WHEN max_attempts <= 1 THEN now() END
+    )
+    ON CONFLICT ON CONSTRAINT worker_failures_pkey DO UPDATE
+    SET attempts = f.attempts + 1, last_error = left(EXCLUDED.last_error, 2000),
+        last_failed_at = now(),
+        parked_at = CASE WHEN f.attempts + 1 >= max_attempts THEN now() ELSE f.parked_at END
+    RETURNING f.attempts, f.parked_at IS NOT NULL INTO counted;
+    RETURN counted;
+END $$;
 
-
-SET default_table_access_method = heap;
 
 --
--- Name: waits; Type: TABLE; Schema: matcher; Owner: -
+-- Name: register_wait_v1(text, text, bigint, text[], text, timestamp with time zone, text, uuid); Type: FUNCTION; Schema: matcher; Owner: -
 --
 
-CREATE TABLE matcher.waits (
-    id uuid NOT NULL,
+CREATE FUNCTION matcher.register_wait_v1(tenant text, run_id text, "position" bigint, event_types text[], correlation_id text, deadline timestamp with time zone DEFAULT NULL::timestamp with time zone, external_job_id text DEFAULT NULL::text, wait_id uuid DEFAULT NULL::uuid) RETURNS jsonb
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    stored matcher.waits;
+BEGIN
+    INSERT INTO matcher.waits AS w (
+        id, tenant, run_id, "position", event_types, correlation_id, external_job_id, deadline
+    )
+    VALUES (
+        coalesce(register_wait_v1.wait_id, gen_random_uuid()),
+        matcher.checked_ident('tenant', register_wait_v1.tenant),
+        matcher.checked_ident('run_id', register_wait_v1.run_id),
+        matcher.checked_position(register_wait_v1."position"),
+        matcher.checked_types(register_wait_v1.event_types),
+        matcher.checked_ident('correlation_id', register_wait_v1.correlation_id),
+        CASE WHEN register_wait_v1.external_job_id IS NULL THEN NULL
+             ELSE matcher.checked_ident('external_job_id', register_wait_v1.external_job_id) END,
+        register_wait_v1.deadline
+    )
+    RETURNING * INTO stored;
+    RETURN matcher.wait_json(stored);
+END $$;
+
+
+--
+-- Name: worker_failures; Type: TABLE; Schema: matcher; Owner: -
+--
+
+CREATE TABLE matcher.worker_failures (
+    resolution_id uuid NOT NULL,
+    wait_id uuid NOT NULL,
     tenant text NOT NULL,
     run_id text NOT NULL,
     "position" bigint NOT NULL,
-    event_types text[] NOT NULL,
-    correlation_id text NOT NULL,
-    external_job_id text,
-    deadline timestamp with time zone,
-    state text DEFAULT 'waiting'::text NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    resolved_at timestamp with time zone,
-    resolution text,
-    resolved_by_producer text,
-    resolved_by_event_id text,
-    version integer DEFAULT 0 NOT NULL,
-    resolved_by_received_at timestamp with time zone,
-    CONSTRAINT waits_check CHECK (((state = 'waiting'::text) = (resolved_at IS NULL))),
-    CONSTRAINT waits_event_types_check CHECK ((cardinality(event_types) > 0)),
-    CONSTRAINT waits_resolution_check CHECK ((resolution = ANY (ARRAY['event'::text, 'deadline'::text, 'cancel'::text]))),
-    CONSTRAINT waits_state_check CHECK ((state = ANY (ARRAY['waiting'::text, 'matched'::text, 'timed_out'::text, 'cancelled'::text])))
+    attempts integer NOT NULL,
+    last_error text NOT NULL,
+    first_failed_at timestamp with time zone DEFAULT now() NOT NULL,
+    last_failed_at timestamp with time zone DEFAULT now() NOT NULL,
+    parked_at timestamp with time zone
 );
 
 
 --
--- Name: resume_message(uuid, text, matcher.waits, matcher.inbox); Type: FUNCTION; Schema: matcher; Owner: -
+-- Name: retry_parked_v1(text, text, uuid, uuid); Type: FUNCTION; Schema: matcher; Owner: -
 --
 
-CREATE FUNCTION matcher.resume_message(resolution_id uuid, outcome text, w matcher.waits, i matcher.inbox) RETURNS json
+CREATE FUNCTION matcher.retry_parked_v1(tenant text DEFAULT NULL::text, run_id text DEFAULT NULL::text, wait_id uuid DEFAULT NULL::uuid, resolution_id uuid DEFAULT NULL::uuid) RETURNS integer
+    LANGUAGE sql
+    BEGIN ATOMIC
+ WITH retried AS (
+          UPDATE matcher.worker_failures f SET parked_at = NULL::timestamp with time zone, attempts = 0
+           WHERE ((f.parked_at IS NOT NULL) AND ((retry_parked_v1.tenant IS NULL) OR (f.tenant = retry_parked_v1.tenant)) AND ((retry_parked_v1.run_id IS NULL) OR (f.run_id = retry_parked_v1.run_id)) AND ((retry_parked_v1.wait_id IS NULL) OR (f.wait_id = retry_parked_v1.wait_id)) AND ((retry_parked_v1.resolution_id IS NULL) OR (f.resolution_id = retry_parked_v1.resolution_id)))
+           RETURNING 1 AS "?column?"
+         )
+  SELECT (count(*))::integer AS count
+    FROM retried;
+END;
+
+
+--
+-- Name: runs; Type: TABLE; Schema: matcher; Owner: -
+--
+
+CREATE TABLE matcher.runs (
+    tenant text NOT NULL,
+    run_id text NOT NULL,
+    "position" bigint DEFAULT 0 NOT NULL,
+    status text DEFAULT 'running'::text NOT NULL,
+    last_resolution_id uuid,
+    version integer DEFAULT 0 NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    advanced_at timestamp with time zone
+);
+
+
+--
+-- Name: unadvanced_resolutions_v1(text, text, timestamp with time zone, timestamp with time zone, integer); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.unadvanced_resolutions_v1(tenant text DEFAULT NULL::text, run_prefix text DEFAULT NULL::text, committed_before timestamp with time zone DEFAULT (now() - '00:01:00'::interval), committed_after timestamp with time zone DEFAULT (now() - '7 days'::interval), max_rows integer DEFAULT 100) RETURNS SETOF matcher.unadvanced_resolution_v1
+    LANGUAGE sql STABLE
+    BEGIN ATOMIC
+ SELECT o.resolution_id,
+     w.id,
+     w.tenant,
+     w.run_id,
+     w."position",
+     o.created_at,
+     (matcher.resume_message(o.resolution_id, o.outcome, w.*, i.*))::text AS resume_message
+    FROM ((matcher.outbox o
+      JOIN matcher.waits w ON ((w.id = o.wait_id)))
+      LEFT JOIN matcher.inbox i ON (((i.producer = w.resolved_by_producer) AND (i.event_id = w.resolved_by_event_id) AND (i.received_at = w.resolved_by_received_at))))
+   WHERE ((o.created_at >= unadvanced_resolutions_v1.committed_after) AND (o.created_at < unadvanced_resolutions_v1.committed_before) AND ((unadvanced_resolutions_v1.tenant IS NULL) OR (w.tenant = unadvanced_resolutions_v1.tenant)) AND ((unadvanced_resolutions_v1.run_prefix IS NULL) OR starts_with(w.run_id, unadvanced_resolutions_v1.run_prefix)) AND (NOT ((o.outcome = 'event'::text) AND (i.producer IS NULL))) AND (NOT (EXISTS ( SELECT 1
+            FROM matcher.runs r
+           WHERE ((r.tenant = w.tenant) AND (r.run_id = w.run_id) AND (r."position" > w."position"))))) AND (NOT (EXISTS ( SELECT 1
+            FROM matcher.worker_failures f
+           WHERE ((f.resolution_id = o.resolution_id) AND (f.parked_at IS NOT NULL))))))
+   ORDER BY o.id
+  LIMIT unadvanced_resolutions_v1.max_rows;
+END;
+
+
+--
+-- Name: verify_resume_v1(text); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.verify_resume_v1(message text) RETURNS jsonb
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    envelope jsonb;
+    the_wait uuid;
+    the_resolution uuid;
+    committed text;
+    event_gone boolean;
+    published bytea;
+BEGIN
+    BEGIN
+        envelope := message::jsonb;
+        the_wait := (envelope -> 'data' ->> 'wait_id')::uuid;
+        the_resolution := (envelope -> 'data' ->> 'resolution_id')::uuid;
+    EXCEPTION WHEN others THEN
+        RAISE EXCEPTION 'matcher: not a resume matcher committed (not a resume message)'
+            USING ERRCODE = 'MR001';
+    END;
+    SELECT matcher.resume_message(o.resolution_id, o.outcome, w, i)::text,
+           o.outcome = 'event' AND i.producer IS NULL, o.message_sha256
+    INTO committed, event_gone, published
+    FROM matcher.outbox AS o
+    JOIN matcher.waits AS w ON w.id = o.wait_id
+    LEFT JOIN matcher.inbox AS i
+      ON i.producer = w.resolved_by_producer AND i.event_id = w.resolved_by_event_id
+      AND i.received_at = w.resolved_by_received_at
+    WHERE o.wait_id = the_wait AND o.resolution_id = the_resolution;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'matcher: matcher committed no resolution % for wait %',
+            the_resolution, the_wait USING ERRCODE = 'MR001';
+    END IF;
+    IF event_gone THEN
+        IF published IS NULL OR sha256(convert_to(message, 'UTF8')) <> published THEN
+            RAISE EXCEPTION 'matcher: resolution % cannot be checked: its event is no longer '
+                'stored and the message is not the one published', the_resolution
+                USING ERRCODE = 'MR001';
+        END IF;
+    ELSIF committed IS DISTINCT FROM message THEN
+        RAISE EXCEPTION 'matcher: resume % differs from what matcher committed',
+            the_resolution USING ERRCODE = 'MR001';
+    END IF;
+    RETURN envelope -> 'data';
+END $$;
+
+
+--
+-- Name: wait_json(matcher.waits); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.wait_json(w matcher.waits) RETURNS jsonb
     LANGUAGE sql STABLE PARALLEL SAFE
-    RETURN json_build_object('specversion', '1.0', 'id', resolution_id, 'source', 'matcher', 'type', 'matcher.resume', 'subject', (w).run_id, 'time', matcher.rfc3339((w).resolved_at), 'datacontenttype', 'application/json', 'tenant', (w).tenant, 'data', json_build_object('resolution_id', resolution_id, 'tenant', (w).tenant, 'run_id', (w).run_id, 'position', (w)."position", 'outcome', outcome, 'wait_id', (w).id, 'correlation_id', (w).correlation_id, 'event_types', (w).event_types, 'event', CASE WHEN (outcome = 'event'::text) THEN json_build_object('source', (w).resolved_by_producer, 'id', (w).resolved_by_event_id, 'type', COALESCE((i).type, ''::text), 'data', (i).data, 'external_job_id', (i).external_job_id, 'occurred_at', matcher.rfc3339((i).occurred_at), 'topic', (i).kafka_topic, 'partition', (i).kafka_partition, 'offset', (i).kafka_offset, 'received_at', matcher.rfc3339(COALESCE((i).received_at, (w).resolved_at))) ELSE NULL::json END, 'created_at', matcher.rfc3339((w).created_at), 'resolved_at', matcher.rfc3339((w).resolved_at), 'deadline', matcher.rfc3339((w).deadline)));
+    RETURN jsonb_build_object('id', (w).id, 'tenant', (w).tenant, 'run_id', (w).run_id, 'position', (w)."position", 'event_types', to_jsonb((w).event_types), 'correlation_id', (w).correlation_id, 'external_job_id', (w).external_job_id, 'deadline', matcher.rfc3339((w).deadline), 'state', (w).state, 'created_at', matcher.rfc3339((w).created_at), 'resolved_at', matcher.rfc3339((w).resolved_at), 'resolution', (w).resolution, 'resolved_by_producer', (w).resolved_by_producer, 'resolved_by_event_id', (w).resolved_by_event_id);
 
 
 --
@@ -456,27 +918,6 @@ ALTER TABLE matcher.launch_audit ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTIT
 
 
 --
--- Name: launches; Type: TABLE; Schema: matcher; Owner: -
---
-
-CREATE TABLE matcher.launches (
-    id uuid NOT NULL,
-    tenant text NOT NULL,
-    run_id text NOT NULL,
-    "position" bigint NOT NULL,
-    idempotency_key text NOT NULL,
-    correlation_id text NOT NULL,
-    wait_id uuid NOT NULL,
-    external_job_id text,
-    state text DEFAULT 'intent'::text NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    reconcile_attempts integer DEFAULT 0 NOT NULL,
-    CONSTRAINT launches_state_check CHECK ((state = ANY (ARRAY['intent'::text, 'submitted'::text, 'reconciled'::text, 'failed'::text])))
-);
-
-
---
 -- Name: match_queue; Type: TABLE; Schema: matcher; Owner: -
 --
 
@@ -499,24 +940,6 @@ ALTER TABLE matcher.match_queue ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY
     NO MINVALUE
     NO MAXVALUE
     CACHE 1
-);
-
-
---
--- Name: outbox; Type: TABLE; Schema: matcher; Owner: -
---
-
-CREATE TABLE matcher.outbox (
-    id bigint NOT NULL,
-    resolution_id uuid DEFAULT gen_random_uuid() NOT NULL,
-    wait_id uuid NOT NULL,
-    tenant text NOT NULL,
-    run_id text NOT NULL,
-    outcome text NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    published_at timestamp with time zone,
-    message_sha256 bytea,
-    CONSTRAINT outbox_outcome_check CHECK ((outcome = ANY (ARRAY['event'::text, 'timeout'::text, 'cancelled'::text])))
 );
 
 
@@ -575,21 +998,6 @@ ALTER TABLE matcher.quarantine ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY 
     NO MINVALUE
     NO MAXVALUE
     CACHE 1
-);
-
-
---
--- Name: runs; Type: TABLE; Schema: matcher; Owner: -
---
-
-CREATE TABLE matcher.runs (
-    tenant text NOT NULL,
-    run_id text NOT NULL,
-    "position" bigint DEFAULT 0 NOT NULL,
-    status text DEFAULT 'running'::text NOT NULL,
-    last_resolution_id uuid,
-    version integer DEFAULT 0 NOT NULL,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
 
@@ -698,6 +1106,14 @@ ALTER TABLE ONLY matcher.waits
 
 
 --
+-- Name: worker_failures worker_failures_pkey; Type: CONSTRAINT; Schema: matcher; Owner: -
+--
+
+ALTER TABLE ONLY matcher.worker_failures
+    ADD CONSTRAINT worker_failures_pkey PRIMARY KEY (resolution_id);
+
+
+--
 -- Name: inbox_by_correlation; Type: INDEX; Schema: matcher; Owner: -
 --
 
@@ -758,6 +1174,13 @@ CREATE INDEX launches_unsubmitted ON matcher.launches USING btree (created_at) W
 --
 
 CREATE INDEX match_queue_by_key ON matcher.match_queue USING btree (tenant, correlation_id);
+
+
+--
+-- Name: outbox_created_at; Type: INDEX; Schema: matcher; Owner: -
+--
+
+CREATE INDEX outbox_created_at ON matcher.outbox USING brin (created_at);
 
 
 --
@@ -828,6 +1251,20 @@ CREATE INDEX waits_match ON matcher.waits USING btree (correlation_id, tenant);
 --
 
 CREATE INDEX waits_waiting ON matcher.waits USING btree (created_at) WHERE (state = 'waiting'::text);
+
+
+--
+-- Name: worker_failures_by_run; Type: INDEX; Schema: matcher; Owner: -
+--
+
+CREATE INDEX worker_failures_by_run ON matcher.worker_failures USING btree (tenant, run_id);
+
+
+--
+-- Name: worker_failures_parked; Type: INDEX; Schema: matcher; Owner: -
+--
+
+CREATE INDEX worker_failures_parked ON matcher.worker_failures USING btree (parked_at) WHERE (parked_at IS NOT NULL);
 
 
 --

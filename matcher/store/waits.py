@@ -6,28 +6,28 @@ there is one, so a worker can store its wait together with its own state, atomic
 
 from __future__ import annotations
 
-import json
-import uuid
 from typing import Any
 from uuid import UUID
 
-import psycopg
-from psycopg.rows import dict_row, tuple_row
+from psycopg.rows import dict_row
 
 from matcher.domain.resume import ResumeData
 from matcher.domain.waits import Wait, WaitSpec
 from matcher.store.sql import query
+from matcher.store.worker_api import (
+    AsyncConn,
+    Conn,
+    UnverifiedResume,
+    advance_call,
+    call,
+    call_async,
+    cancel_wait_call,
+    committed_resume_call,
+    register_wait_call,
+    verify_resume_call,
+)
 
-Conn = psycopg.Connection[Any]  # any row factory: the SDK sets its own where it reads
-AsyncConn = psycopg.AsyncConnection[Any]
-
-
-def _spec_params(spec: WaitSpec) -> dict[str, Any]:
-    if spec.deadline is not None and spec.deadline.tzinfo is None:
-        raise ValueError("deadline must be timezone-aware")
-    params = spec.model_dump()
-    params["id"] = spec.id or uuid.uuid4()
-    return params
+__all__ = ["AsyncConn", "Conn", "UnverifiedResume"]
 
 
 def wait_from_row(row: dict[str, Any]) -> Wait:
@@ -35,7 +35,8 @@ def wait_from_row(row: dict[str, Any]) -> Wait:
 
 
 def register_wait(conn: Conn, spec: WaitSpec) -> Wait:
-    """Store a wait, in the caller's transaction (or its own, on an autocommit connection).
+    """Store a wait, in the caller's transaction (or its own, on an autocommit connection),
+    through ``matcher.register_wait_v1``.
 
     It takes no lock and works the same at every isolation level: once the transaction
     commits, the daemon matches the wait against events already stored (an event that
@@ -43,28 +44,22 @@ def register_wait(conn: Conn, spec: WaitSpec) -> Wait:
     The wait is returned as stored: ``waiting``. Nothing here can hold up the daemon, however
     long the caller's transaction stays open.
     """
-    params = _spec_params(spec)
-    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(query("waits", "register_wait"), params).fetchone()
-    assert row is not None
-    return wait_from_row(row)
+    return call(conn, register_wait_call(spec))
 
 
 async def register_wait_async(conn: AsyncConn, spec: WaitSpec) -> Wait:
     """``register_wait`` for asyncio workers."""
-    params = _spec_params(spec)
-    async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(query("waits", "register_wait"), params)
-        row = await cur.fetchone()
-    assert row is not None
-    return wait_from_row(row)
+    return await call_async(conn, register_wait_call(spec))
 
 
 def cancel_wait(conn: Conn, wait_id: UUID | str) -> bool:
     """Cancel a waiting wait; True if this call cancelled it (False: already resolved)."""
-    with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
-        row = cur.execute(query("resolve", "cancel_wait"), {"wait_id": wait_id}).fetchone()
-    return bool(row and row[0])
+    return call(conn, cancel_wait_call(wait_id))
+
+
+async def cancel_wait_async(conn: AsyncConn, wait_id: UUID | str) -> bool:
+    """``cancel_wait`` for asyncio workers."""
+    return await call_async(conn, cancel_wait_call(wait_id))
 
 
 async def time_out_due(conn: AsyncConn, limit: int) -> int:
@@ -107,99 +102,52 @@ def list_waits(
     return [wait_from_row(row) for row in rows]
 
 
-class UnverifiedResume(ValueError):
-    """A resume that matcher did not commit: forged, altered, or addressed to another run.
-
-    Raised by ``verify_resume`` and ``advance``; the run is left as it was. Log it and drop
-    the message: it is either an attack or a bug, and retrying cannot make it true.
-    """
-
-
-def _advance_params(resume: ResumeData) -> dict[str, Any]:
-    return {
-        "tenant": resume.tenant,
-        "run_id": resume.run_id,
-        "position": resume.position,
-        "resolution_id": resume.resolution_id,
-    }
-
-
-def _verify_params(resume: ResumeData) -> dict[str, Any]:
-    return {"wait_id": resume.wait_id, "resolution_id": resume.resolution_id}
-
-
-def _check_committed(row: tuple[Any, ...] | None, resume: ResumeData) -> None:
-    """Raise unless ``resume`` is exactly the resume matcher committed for its resolution."""
-    if row is None:
-        raise UnverifiedResume(
-            f"matcher committed no resolution {resume.resolution_id} for wait {resume.wait_id}"
-        )
-    message, event_gone, published_sha256 = row
-    if event_gone:
-        # The message cannot be rebuilt; the digest of the one published still identifies it.
-        if published_sha256 is not None and resume.message_sha256 == bytes(published_sha256):
-            return
-        raise UnverifiedResume(
-            f"resolution {resume.resolution_id} cannot be checked: its event is no longer "
-            "stored (older than the inbox's dedupe window) and the resume was not read from "
-            "the published message by parse_resume"
-        )
-    # Read with the standard JSON parser, whatever loaders the caller's connection has.
-    committed = ResumeData.model_validate(json.loads(message)["data"])
-    # Compared as JSON, so that true and 1, or 1 and 1.0, are not taken for each other.
-    if committed.model_dump_json() != resume.model_dump_json():
-        differ = [
-            name
-            for name in ResumeData.model_fields
-            if getattr(committed, name) != getattr(resume, name)
-        ] or ["the event's data"]
-        raise UnverifiedResume(
-            f"resume {resume.resolution_id} differs from what matcher committed: "
-            + ", ".join(differ)
-        )
-
-
 def verify_resume(conn: Conn, resume: ResumeData) -> None:
-    """Raise ``UnverifiedResume`` unless matcher committed exactly this resume.
+    """Raise ``UnverifiedResume`` unless matcher committed exactly this resume (its message,
+    byte for byte: ``matcher.verify_resume_v1``).
 
     For projects that advance their own run table: call it, in the same transaction,
     before the conditional update that ``advance`` does on ``matcher.runs``.
     """
-    # A cursor of its own: the caller's connection may have any row factory.
-    with conn.cursor(row_factory=tuple_row) as cur:
-        row = cur.execute(query("waits", "committed_resume"), _verify_params(resume)).fetchone()
-    _check_committed(row, resume)
+    call(conn, verify_resume_call(resume))
 
 
 def advance(conn: Conn, resume: ResumeData) -> bool:
-    """Move the run past the resume's position; True only for the call that did it.
+    """Move the run past the resume's position; True only for the call that did it
+    (``matcher.advance_v1``), in the caller's transaction.
 
-    The resume is first checked against what matcher committed (``verify_resume``): one
-    that matcher did not publish raises ``UnverifiedResume`` and changes nothing, whoever
-    could write to the resume topic. A duplicate of a genuine resume (the relay publishes
-    at least once) returns False and changes nothing, so a worker that continues the run
-    only when this returns True continues it exactly once. Uses ``matcher.runs``; projects
-    with their own run table call ``verify_resume`` and apply the same conditional update
-    there instead.
+    The resume is first checked against what matcher committed: one that matcher did not
+    publish raises ``UnverifiedResume`` and changes nothing, whoever could write to the
+    resume topic. A duplicate of a genuine resume (the relay publishes at least once)
+    returns False and changes nothing. Call it in the transaction that also writes the
+    run's next step, so that both commit together or neither does (the resume worker,
+    ``matcher.sdk.worker``, does exactly that). Uses ``matcher.runs``; projects with their
+    own run table call ``verify_resume`` and apply the same conditional update there.
     """
-    with conn.transaction():
-        verify_resume(conn, resume)
-        row = conn.execute(query("waits", "advance_run"), _advance_params(resume)).fetchone()
-    return row is not None
+    return call(conn, advance_call(resume)) == "advanced"
 
 
 async def verify_resume_async(conn: AsyncConn, resume: ResumeData) -> None:
     """``verify_resume`` for asyncio workers."""
-    async with conn.cursor(row_factory=tuple_row) as cur:
-        await cur.execute(query("waits", "committed_resume"), _verify_params(resume))
-        row = await cur.fetchone()
-    _check_committed(row, resume)
+    await call_async(conn, verify_resume_call(resume))
 
 
 async def advance_async(conn: AsyncConn, resume: ResumeData) -> bool:
     """``advance`` for asyncio workers."""
-    async with conn.transaction():
-        await verify_resume_async(conn, resume)
-        cur = await conn.execute(query("waits", "advance_run"), _advance_params(resume))
-        row = await cur.fetchone()
-    return row is not None
+    return await call_async(conn, advance_call(resume)) == "advanced"
+
+
+def committed_resume(
+    conn: Conn, wait_id: UUID | str, resolution_id: UUID | str | None = None
+) -> ResumeData | None:
+    """The resume matcher committed for a wait (its latest resolution, or the one named),
+    read from the database alone: for a worker whose offsets or topic are gone. None when
+    there is none (or its event has left the inbox, past the dedupe window)."""
+    return call(conn, committed_resume_call(wait_id, resolution_id))
+
+
+async def committed_resume_async(
+    conn: AsyncConn, wait_id: UUID | str, resolution_id: UUID | str | None = None
+) -> ResumeData | None:
+    """``committed_resume`` for asyncio workers."""
+    return await call_async(conn, committed_resume_call(wait_id, resolution_id))

@@ -98,22 +98,7 @@ KEYS = {"tenant": ["t1", "t2"], "correlation_id": ["c-1", "c-2"]}
 HOT = [
     ("rematch", "lock_wait_keys", KEYS),
     ("rematch", "waits_for_keys", KEYS),
-    (
-        "waits",
-        "register_wait",
-        {
-            "id": "00000000-0000-0000-0000-000000000001",
-            "tenant": "t1",
-            "run_id": "r",
-            "position": 0,
-            "event_types": ["done"],
-            "correlation_id": "c-1",
-            "external_job_id": None,
-            "deadline": None,
-        },
-    ),
     ("resolve", "sweep_deadlines", {"limit": 1000}),
-    ("resolve", "cancel_wait", {"wait_id": "00000000-0000-0000-0000-000000000001"}),
     ("outbox", "claim_unpublished", {"limit": 500}),
     ("maintenance", "expire_pending", {"retention": timedelta(days=7), "limit": 5000}),
     ("maintenance", "expired_days", {"keep": timedelta(days=14)}),

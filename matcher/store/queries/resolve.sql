@@ -15,6 +15,3 @@ WITH due AS (
     FOR UPDATE OF w SKIP LOCKED
 )
 SELECT matcher.resolve_waits(coalesce(array_agg(id), '{}'), 'timed_out', 'deadline', 'timeout') FROM due;
-
--- name: cancel_wait
-SELECT matcher.resolve_waits(ARRAY[%(wait_id)s::uuid], 'cancelled', 'cancel', 'cancelled');
