@@ -1,4 +1,5 @@
-"""Test-only faults: kill the daemon hard, or stall it, at a named place in its work.
+"""Test-only faults: kill the daemon or a resume worker hard, or stall it, at a named
+place in its work.
 
 ``MATCHER_TEST_CRASH_AT=point[@n][,point[@n]...]`` makes the n-th arrival (default: the
 first) at ``point`` SIGKILL this process: no exception, no cleanup, no flush, exactly
@@ -24,6 +25,9 @@ POINTS = (
     "relay.after_publish",  # resume acknowledged by Kafka, not marked published
     "sweeper.in_transaction",  # waits timed out, transaction not committed
     "rematch.in_transaction",  # queued keys taken and matched, transaction not committed
+    "worker.before_advance",  # a resume worker's transaction begun, the run not advanced
+    "worker.in_handler",  # advanced and the handler's writes done, not committed
+    "worker.after_commit",  # committed, the resume's offset not committed
 )
 
 

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
 from datetime import timedelta
-from importlib.metadata import entry_points
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from matcher.cli.app import app, sub_app
-from matcher.cli.output import EXIT_USAGE, JsonFlag, fail, print_json, say, when
-from matcher.cli.settings import connect, settings_for, uuid_argument
+from matcher.cli.output import JsonFlag, fail, print_json, say, when
+from matcher.cli.settings import connect, load_object, settings_for, uuid_argument
 from matcher.domain.events import BIGINT_MAX
-from matcher.logs import quoted
 from matcher.store.launches import audit_trail, get_launch
 from matcher.store.launches import reconcile as run_reconcile
 
@@ -24,24 +21,6 @@ launches_app = sub_app("Launch intents and their audit trail.")
 # The bound of `reconcile --older-than`: further back than any intent, and near enough that
 # the time it names is a timestamp Postgres can hold.
 _CENTURY_S = 100 * 365.25 * 86400
-
-
-def _load_reconciler(spec: str) -> Any:
-    """``module:attribute``, or the name of a ``matcher.reconcilers`` entry point."""
-    if ":" in spec:
-        module_name, _, attribute = spec.partition(":")
-        try:
-            target: Any = importlib.import_module(module_name)
-            for part in attribute.split("."):
-                target = getattr(target, part)
-        except (ImportError, AttributeError) as exc:
-            fail([f"matcher: --reconciler {quoted(spec)}: {exc}"], code=EXIT_USAGE)
-        return target
-    found = entry_points(group="matcher.reconcilers", name=spec)
-    if not found:
-        where = "no such entry point in group matcher.reconcilers"
-        fail([f"matcher: --reconciler {quoted(spec)}: {where}"], EXIT_USAGE)
-    return next(iter(found)).load()
 
 
 @app.command()
@@ -69,7 +48,7 @@ def reconcile(
     """Reconcile launch intents that never recorded a job id (the worker died around the
     external call): ask the external system, by idempotency key, what became of each."""
     settings = settings_for(kafka=False)
-    function = _load_reconciler(reconciler)
+    function = load_object(reconciler, "--reconciler", "matcher.reconcilers")
     with connect(settings) as conn:
         results = asyncio.run(
             run_reconcile(

@@ -15,7 +15,7 @@ from typer import _click as click  # typer vendors click: its commands are these
 from typer._click import exceptions as click_errors
 from typer.core import TyperGroup, TyperOption
 
-from matcher.cli import events, explain, launches, resumes, serve, waits
+from matcher.cli import events, explain, launches, resumes, serve, waits, worker
 from matcher.cli.app import app
 from matcher.cli.output import (
     EXIT_FAILED,
@@ -34,7 +34,7 @@ app.add_typer(events.events_app, name="events")
 app.add_typer(resumes.resumes_app, name="resumes")
 app.add_typer(launches.launches_app, name="launches")
 app.add_typer(events.quarantine_app, name="quarantine")
-_VERBS = (events, explain, launches, resumes, serve, waits)  # their commands are on `app`
+_VERBS = (events, explain, launches, resumes, serve, waits, worker)  # their commands are on `app`
 
 
 def _envvar_name(path: Sequence[str], option: TyperOption) -> str:

@@ -3,11 +3,13 @@ services it uses: `waits list` needs no Kafka settings, `emit` no database URL."
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import time
 import uuid
 from collections.abc import Mapping
+from importlib.metadata import entry_points
 from typing import Any
 
 import psycopg
@@ -129,3 +131,23 @@ def uuid_argument(value: str, what: str) -> uuid.UUID:
         return uuid.UUID(value)
     except ValueError:
         fail([f"matcher: {quoted(value)} is not a {what} id (a UUID)"], code=EXIT_USAGE)
+
+
+def load_object(spec: str, option: str, group: str) -> Any:
+    """User code a verb runs: ``module:attribute`` (the module importable from here), or the
+    name of an entry point in ``group``; exit 2 naming ``option`` when it cannot be found."""
+    if ":" in spec:
+        module_name, _, attribute = spec.partition(":")
+        try:
+            target: Any = importlib.import_module(module_name)
+            for part in attribute.split("."):
+                target = getattr(target, part)
+        except (ImportError, AttributeError) as exc:
+            fail([f"matcher: {option} {quoted(spec)}: {exc}"], code=EXIT_USAGE)
+        return target
+    found = entry_points(group=group, name=spec)
+    if not found:
+        fail(
+            [f"matcher: {option} {quoted(spec)}: no such entry point in group {group}"], EXIT_USAGE
+        )
+    return next(iter(found)).load()

@@ -24,12 +24,21 @@ from matcher.config.checks import (
 from matcher.config.daemon import Settings
 from matcher.config.ingress import IngressSettings
 from matcher.config.kafka import KafkaSettings
+from matcher.config.worker import WorkerSettings
 
 
 def load_settings(**overrides: Any) -> Settings:
     """Read the settings from the environment; raise ConfigError listing every problem."""
     try:
         return Settings(**overrides)
+    except ValidationError as exc:
+        raise ConfigError([describe_problem(e) for e in exc.errors()]) from None
+
+
+def load_worker_settings(**overrides: Any) -> WorkerSettings:
+    """The resume worker's settings from the environment; ConfigError lists every problem."""
+    try:
+        return WorkerSettings(**overrides)
     except ValidationError as exc:
         raise ConfigError([describe_problem(e) for e in exc.errors()]) from None
 
@@ -50,10 +59,12 @@ __all__ = [
     "IngressSettings",
     "KafkaSettings",
     "Settings",
+    "WorkerSettings",
     "check_address",
     "check_topic",
     "describe_problem",
     "host_port",
     "load_ingress_settings",
     "load_settings",
+    "load_worker_settings",
 ]

@@ -11,10 +11,10 @@ import logging
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from matcher.daemon.faults import crash_point
 from matcher.domain.events import Rejection, seen_attributes
 from matcher.domain.quarantine import QuarantineLimits
 from matcher.domain.records import IngestRecord
+from matcher.faults import crash_point
 from matcher.logs import describe_error
 from matcher.store.ingest import BatchResult, store_batch
 from matcher.store.maintenance import ensure_days

@@ -26,11 +26,11 @@ from matcher import metrics
 from matcher.auth.registry_watch import RegistryHolder
 from matcher.config import Settings
 from matcher.daemon.batch_writer import BatchWriter
-from matcher.daemon.faults import crash_point
 from matcher.daemon.ingest_report import IngestReport
 from matcher.daemon.intake import Intake
 from matcher.domain.quarantine import QuarantineLimits
 from matcher.domain.records import IngestRecord
+from matcher.faults import crash_point
 from matcher.kafka import codecs
 from matcher.kafka.commits import OffsetCommitter
 from matcher.kafka.dead_letters import DeadLetters

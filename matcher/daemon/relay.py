@@ -31,8 +31,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from matcher import metrics
 from matcher.config import Settings
-from matcher.daemon.faults import crash_point
 from matcher.daemon.periodic import pause
+from matcher.faults import crash_point
 from matcher.kafka.deadlines import acknowledged, start_producer, stop_producer
 from matcher.store import outbox
 from matcher.store.outbox import Claimed

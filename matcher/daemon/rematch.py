@@ -15,8 +15,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from matcher import metrics
 from matcher.config import Settings
-from matcher.daemon.faults import crash_point
 from matcher.daemon.periodic import every
+from matcher.faults import crash_point
 from matcher.store.rematch import rematch_once
 
 log = logging.getLogger("matcher.rematch")

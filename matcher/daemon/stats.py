@@ -40,6 +40,8 @@ _GAUGES = {
     "outbox_oldest_age": metrics.OUTBOX_OLDEST_AGE,
     "sweeper_behind": metrics.SWEEPER_BEHIND,
     "quarantined": metrics.QUARANTINED,
+    "worker_parked": metrics.WORKER_PARKED,
+    "worker_failing": metrics.WORKER_FAILING,
 }
 
 

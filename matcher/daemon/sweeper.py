@@ -10,8 +10,8 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from matcher.config import Settings
-from matcher.daemon.faults import crash_point
 from matcher.daemon.periodic import every
+from matcher.faults import crash_point
 from matcher.metrics import TIMEOUTS
 from matcher.store.waits import time_out_due
 

@@ -1,6 +1,6 @@
 """Hard crashes at named points, and SIGTERM under load: nothing lost, nothing doubled.
 
-Each crash is a real SIGKILL of a real ``matcher run`` process (see matcher.daemon.faults).
+Each crash is a real SIGKILL of a real ``matcher run`` process (see matcher.faults).
 After a restart every run must advance exactly once through ``advance``, and the resume
 the next worker reads must name the event that resolved the wait.
 """

@@ -207,7 +207,7 @@ def installed_tool(script: str) -> str:
     """The path a ``scripts/install-*`` script prints (it installs the tool when it may);
     the test fails with the script's own one-line reason when it cannot."""
     done = subprocess.run(
-        [str(Path(__file__).resolve().parents[1] / "scripts" / script)],
+        [str(Path(__file__).resolve().parents[2] / "scripts" / script)],
         capture_output=True, text=True, timeout=1200, check=False,
     )  # fmt: skip
     if done.returncode != 0:
