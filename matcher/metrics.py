@@ -110,6 +110,15 @@ MISMATCHED_EVENTS = Counter(
     "still pending when counted, a minute after arrival), counted from the database for "
     "the whole system: aggregate with max, like the gauges.",
 )
+WORKER_PARKED = Gauge(
+    "matcher_worker_parked_resumes",
+    "Resumes the workers' handler gave up on (matcher.worker_failures): their runs wait for "
+    "`matcher resumes retry`.",
+)
+WORKER_FAILING = Gauge(
+    "matcher_worker_failing_resumes",
+    "Resumes the workers' handler failed on and is still trying.",
+)
 OUTBOX_PENDING = Gauge("matcher_outbox_pending", "Resolutions whose resume is not yet published.")
 OUTBOX_OLDEST_AGE = Gauge(
     "matcher_outbox_oldest_age_seconds", "Age of the oldest unpublished resolution."

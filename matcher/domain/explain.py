@@ -1,7 +1,11 @@
 """Why is this run where it is? A pure verdict over facts gathered elsewhere (invariant 8).
 
 For a resolved wait: ``resolved_by_event``, ``timed_out`` or ``cancelled``, each with the
-late events that lost the race. For a waiting one, in order of precedence:
+late events that lost the race, and what became of its resume past the resume topic (not
+published yet; published and not advanced, since when; advanced, when, by which
+resolution). When the workers' handler failed on it, the verdict says so instead:
+``worker_failing`` (attempts so far, the last error) or ``parked`` (it stopped trying:
+``matcher resumes retry`` gives it back). For a waiting one, in order of precedence:
 
 - ``backlog``: the sweeper is behind (the deadline passed, the wait still waits);
 - ``mismatch``: events with this correlation id exist but differ (tenant, type), or were
@@ -58,6 +62,8 @@ class Verdict(StrEnum):
     MISMATCH = "mismatch"
     BACKLOG = "backlog"
     WAITING = "waiting"
+    WORKER_FAILING = "worker_failing"
+    PARKED = "parked"
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,21 @@ class OutboxFacts:
     resolution_id: UUID
     created_at: datetime
     published_at: datetime | None
+
+
+@dataclass(frozen=True)
+class WorkerFacts:
+    """Past the resume topic: the run's position (matcher.runs) and the workers' failures
+    on this wait's resolution (matcher.worker_failures); None where there is none."""
+
+    run_position: int | None
+    last_resolution_id: UUID | None
+    advanced_at: datetime | None
+    attempts: int | None
+    last_error: str | None
+    first_failed_at: datetime | None
+    last_failed_at: datetime | None
+    parked_at: datetime | None
 
 
 @dataclass(frozen=True)
@@ -82,6 +103,7 @@ class ExplainFacts:
     lag_unknown_because: str = "Kafka could not be asked"
     # Since when the wait's key waits for the rematch pass; None: it does not.
     rematch_queued_since: datetime | None = None
+    worker: WorkerFacts | None = None
 
 
 @dataclass
@@ -359,17 +381,84 @@ def _resolved(
             f"event {e.producer}/{e.event_id} came late ({rfc3339(e.received_at)}) and was "
             "kept for investigation"
         )
-    if facts.outbox is not None:
-        evidence["resume"] = {
-            "resolution_id": facts.outbox.resolution_id,
-            "published_at": facts.outbox.published_at,
-        }
-        if facts.outbox.published_at is None:
-            age = _age(facts.now, facts.outbox.created_at)
-            if age >= UNPUBLISHED_GRACE_S:
-                reasons.append(
-                    f"its resume has not been published for {age}s (relay behind or Kafka "
-                    "unavailable)"
-                )
-                evidence["resume"]["unpublished_for_s"] = age
+    verdict = _past_the_topic(facts, evidence, reasons) or verdict
     return Explanation(verdict, reasons, evidence)
+
+
+def _past_the_topic(
+    facts: ExplainFacts, evidence: dict[str, Any], reasons: list[str]
+) -> Verdict | None:
+    """What became of a resolved wait's resume: published or not, advanced or not, or a
+    worker's handler failing on it (then the verdict)."""
+    outbox = facts.outbox
+    if outbox is None:
+        return None
+    resume: dict[str, Any] = {
+        "resolution_id": outbox.resolution_id,
+        "published_at": outbox.published_at,
+    }
+    evidence["resume"] = resume
+    if outbox.published_at is None:
+        age = _age(facts.now, outbox.created_at)
+        if age >= UNPUBLISHED_GRACE_S:
+            reasons.append(
+                f"its resume has not been published for {age}s (relay behind or Kafka unavailable)"
+            )
+            resume["unpublished_for_s"] = age
+    worker = facts.worker
+    if worker is None:
+        return None
+    wait = facts.wait
+    if worker.run_position is not None and worker.run_position > wait.position:
+        consumed = " (this resolution)" if worker.last_resolution_id == outbox.resolution_id else ""
+        reasons.append(
+            f"the run advanced past position {wait.position}"
+            + (f" at {rfc3339(worker.advanced_at)}" if worker.advanced_at else "")
+            + f": now at {worker.run_position}, by resolution {worker.last_resolution_id}"
+            + consumed
+        )
+        resume["advanced"] = {
+            "at": worker.advanced_at,
+            "run_position": worker.run_position,
+            "resolution_id": worker.last_resolution_id,
+        }
+        return None
+    return _worker_failures(facts, worker, outbox, resume, reasons)
+
+
+def _worker_failures(
+    facts: ExplainFacts,
+    worker: WorkerFacts,
+    outbox: OutboxFacts,
+    resume: dict[str, Any],
+    reasons: list[str],
+) -> Verdict | None:
+    if worker.attempts is None:
+        if outbox.published_at is not None:
+            waited = _age(facts.now, outbox.published_at)
+            reasons.append(
+                f"published at {rfc3339(outbox.published_at)}, not advanced by a worker yet "
+                f"({waited}s)"
+            )
+            resume["not_advanced_for_s"] = waited
+        return None
+    resume["worker"] = {
+        "attempts": worker.attempts,
+        "last_error": worker.last_error,
+        "first_failed_at": worker.first_failed_at,
+        "last_failed_at": worker.last_failed_at,
+        "parked_at": worker.parked_at,
+    }
+    error = quoted((worker.last_error or "")[:300])
+    if worker.parked_at is not None:
+        reasons.append(
+            f"parked at {rfc3339(worker.parked_at)} after {worker.attempts} failed "
+            f"attempt(s) of the workers' handler (last error: {error}); after fixing it, "
+            f"`matcher resumes retry --wait {facts.wait.id}` gives it back"
+        )
+        return Verdict.PARKED
+    reasons.append(
+        f"the workers' handler failed {worker.attempts} time(s) on its resume (last at "
+        f"{_when(worker.last_failed_at)}: {error}); it is tried again"
+    )
+    return Verdict.WORKER_FAILING

@@ -129,6 +129,15 @@ async def waits_page(conn: Conn, q: WaitQuery) -> list[Wait]:
     return [Wait.model_validate(r) for r in await _rows(conn, name, params)]
 
 
+async def waits_with_worker_failures(
+    conn: Conn, *, parked: bool, limit: int, offset: int
+) -> list[Wait]:
+    """Waits whose resume a worker's handler failed on (parked, or being tried), the most
+    recently failed first."""
+    params = {"parked": parked, "limit": limit, "offset": offset}
+    return [Wait.model_validate(r) for r in await _rows(conn, "waits_with_worker_failures", params)]
+
+
 async def runs_of_waits(conn: Conn, ids: set[UUID]) -> dict[UUID, dict[str, Any]]:
     """Tenant, run id and position of these waits, by id."""
     if not ids:

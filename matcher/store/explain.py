@@ -8,7 +8,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from matcher.domain.events import QuarantinedRecord, StoredEvent
-from matcher.domain.explain import ExplainFacts, OutboxFacts
+from matcher.domain.explain import ExplainFacts, OutboxFacts, WorkerFacts
 from matcher.domain.waits import Wait
 from matcher.store.sql import query
 
@@ -46,6 +46,7 @@ async def gather(
         await cur.execute(query("explain", "outbox_of_wait"), {"wait_id": wait.id})
         row = await cur.fetchone()
         outbox = OutboxFacts(**row) if row else None
+        worker = await _worker(cur, wait, outbox)
         await cur.execute(
             query("explain", "rematch_of_key"),
             {"tenant": wait.tenant, "correlation_id": wait.correlation_id},
@@ -59,4 +60,18 @@ async def gather(
         quarantined=quarantined,
         outbox=outbox,
         rematch_queued_since=now_row["queued_since"],
+        worker=worker,
     )
+
+
+async def _worker(
+    cur: psycopg.AsyncCursor[dict[str, Any]], wait: Wait, outbox: OutboxFacts | None
+) -> WorkerFacts | None:
+    if outbox is None:
+        return None
+    await cur.execute(
+        query("explain", "worker_of_wait"),
+        {"tenant": wait.tenant, "run_id": wait.run_id, "resolution_id": outbox.resolution_id},
+    )
+    row = await cur.fetchone()
+    return None if row is None else WorkerFacts(**row)

@@ -30,6 +30,8 @@ from matcher.store.explain import gather
 
 STATES = [s.value for s in WaitState]
 VERDICTS = [v.value for v in Verdict]
+# Verdicts past the resume topic: listed from the workers' failures.
+WORKER_VERDICTS = ("parked", "worker_failing")
 RESOLVED_STATE = {
     "resolved_by_event": "matched",
     "timed_out": "timed_out",
@@ -114,7 +116,13 @@ async def _runs(state: AdminState, visitor: Visitor, request: Request) -> Respon
     more = False
     if verdict in RESOLVED_STATE:
         filters["state"] = RESOLVED_STATE[verdict]
-    if verdict is not None and verdict not in RESOLVED_STATE:
+    if verdict in WORKER_VERDICTS:
+        async with state.pool.connection() as conn:
+            failing = await store.waits_with_worker_failures(
+                conn, parked=verdict == "parked", limit=limit + 1, offset=offset
+            )
+        shown, more = [(w, verdict) for w in failing[:limit]], len(failing) > limit
+    elif verdict is not None and verdict not in RESOLVED_STATE:
         judged = await verdicts.waiting_judged(state.settings, state.pool)
         matching: list[tuple[Wait, str | None]] = [
             (w, e.verdict.value) for w, e in judged if _keep(w, filters, verdict == e.verdict)

@@ -172,3 +172,15 @@ WHERE replayed_at IS NULL AND reason = %(reason)s;
 
 -- name: clock
 SELECT now() AS now;
+
+-- name: waits_with_worker_failures
+-- Waits whose resume a worker's handler failed on: parked, or still being tried
+-- (worker_failures_parked for the parked; the table holds only failures).
+SELECT w.id, w.tenant, w.run_id, w.position, w.event_types, w.correlation_id,
+       w.external_job_id, w.deadline, w.state, w.created_at, w.resolved_at, w.resolution,
+       w.resolved_by_producer, w.resolved_by_event_id
+FROM matcher.worker_failures AS f
+JOIN matcher.waits AS w ON w.id = f.wait_id
+WHERE (f.parked_at IS NOT NULL) = %(parked)s
+ORDER BY f.last_failed_at DESC
+LIMIT %(limit)s OFFSET %(offset)s;

@@ -33,3 +33,12 @@ SELECT resolution_id, created_at, published_at FROM matcher.outbox WHERE wait_id
 SELECT now() AS now,
        (SELECT min(not_before) FROM matcher.match_queue
         WHERE tenant = %(tenant)s AND correlation_id = %(correlation_id)s) AS queued_since;
+
+-- name: worker_of_wait
+-- Past the resume topic: where the run stands (matcher.runs, which advance_v1 moves) and
+-- what the workers' handlers made of this wait's resolution (matcher.worker_failures).
+SELECT r."position" AS run_position, r.last_resolution_id, r.advanced_at,
+       f.attempts, f.last_error, f.first_failed_at, f.last_failed_at, f.parked_at
+FROM (SELECT 1) AS one
+LEFT JOIN matcher.runs AS r ON r.tenant = %(tenant)s AND r.run_id = %(run_id)s
+LEFT JOIN matcher.worker_failures AS f ON f.resolution_id = %(resolution_id)s;

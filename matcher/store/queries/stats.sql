@@ -19,7 +19,9 @@ SELECT
       WHERE published_at IS NULL) AS outbox_oldest_age,
     (SELECT extract(epoch FROM now() - min(deadline)) FROM matcher.waits
       WHERE state = 'waiting' AND deadline <= now()) AS sweeper_behind,
-    (SELECT count(*) FROM matcher.quarantine WHERE replayed_at IS NULL) AS quarantined;
+    (SELECT count(*) FROM matcher.quarantine WHERE replayed_at IS NULL) AS quarantined,
+    (SELECT count(*) FROM matcher.worker_failures WHERE parked_at IS NOT NULL) AS worker_parked,
+    (SELECT count(*) FROM matcher.worker_failures WHERE parked_at IS NULL) AS worker_failing;
 
 -- name: settled_edge
 -- The counter of mismatched events counts windows of arrival that closed `settle_s`
