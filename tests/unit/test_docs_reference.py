@@ -9,15 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from matcher.config import IngressSettings, Settings
+from matcher.config import IngressSettings, Settings, WorkerSettings
 from matcher.reference import pages
 
 ROOT = Path(__file__).parents[2]
 GUARANTEES = ROOT / "docs" / "concepts" / "guarantees.md"
 
 
-@pytest.mark.parametrize("model", [Settings, IngressSettings])
-def test_every_setting_is_described(model: type[Settings] | type[IngressSettings]) -> None:
+@pytest.mark.parametrize("model", [Settings, IngressSettings, WorkerSettings])
+def test_every_setting_is_described(
+    model: type[Settings] | type[IngressSettings] | type[WorkerSettings],
+) -> None:
     undescribed = [name for name, f in model.model_fields.items() if not f.description]
     assert undescribed == [], f"settings without Field(description=...): {undescribed}"
 
@@ -32,7 +34,7 @@ def test_the_generated_reference_pages_are_current(name: str) -> None:
 
 def test_every_setting_has_a_row_in_the_configuration_page() -> None:
     page = pages()["configuration.md"]
-    for model in (Settings, IngressSettings):
+    for model in (Settings, IngressSettings, WorkerSettings):
         for name in model.model_fields:
             assert f"| `MATCHER_{name.upper()}` |" in page
 
