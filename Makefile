@@ -92,6 +92,7 @@ test: lint docs-build chart-check ## Lint, build the docs, check the chart, then
 # the cluster failover test CLUSTER_ROUNDS times.
 CRASH_ITERATIONS ?= 50
 FAULT_ROUNDS ?= 10
+WORKER_CRASHES ?= 30
 FUZZ_INPUTS ?= 1000000
 # Rounds of the cluster failover test (each: four faults under load), and where their
 # measurements go (JSON lines).
@@ -107,6 +108,7 @@ campaign: install ## Long fuzz/crash/fault/race campaign (an hour or more; not p
 	MATCHER_TEST_OUTAGE_S=600 MATCHER_TEST_TOLERANCE_S=300 \
 	  $(BIN)/pytest -q tests/integration/test_adversary.py -k daemon_was_down && \
 	MATCHER_TEST_CRASH_ITERATIONS=$(CRASH_ITERATIONS) $(BIN)/pytest -q tests/integration/test_crash.py && \
+	MATCHER_TEST_WORKER_CRASHES=$(WORKER_CRASHES) $(BIN)/pytest -q tests/integration/test_worker_crash.py && \
 	MATCHER_TEST_RACE_ROUNDS=300 MATCHER_TEST_PAIRS=5000 $(BIN)/pytest -q tests/integration/test_concurrency.py && \
 	MATCHER_TEST_STATEFUL_EXAMPLES=1000 $(BIN)/pytest -q tests/integration/test_stateful.py && \
 	for round in $$(seq $(FAULT_ROUNDS)); do \

@@ -21,8 +21,9 @@ from pydantic import BaseModel
 
 from matcher.auth.registry import ProducersFile
 from matcher.domain.events import REASONS, CompletionEvent
+from matcher.domain.launches import Launch
 from matcher.domain.resume import ResumeCloudEvent
-from matcher.domain.waits import WaitSpec
+from matcher.domain.waits import Wait, WaitSpec
 
 _MODELS: dict[str, tuple[type[BaseModel], str]] = {
     "completion-event.schema.json": (
@@ -32,6 +33,14 @@ _MODELS: dict[str, tuple[type[BaseModel], str]] = {
     ),
     "resume.schema.json": (ResumeCloudEvent, "A message of the resume topic."),
     "wait-spec.schema.json": (WaitSpec, "What a run waits for (matcher.sdk.register_wait)."),
+    "wait.schema.json": (
+        Wait,
+        "A wait as stored: what register_wait_v1 and get_wait_v1 answer (docs: the worker API).",
+    ),
+    "launch.schema.json": (
+        Launch,
+        "A launch intent as stored: what record_launch_v1 and get_launch_v1 answer.",
+    ),
     "producers-file.schema.json": (ProducersFile, "The producers file (TOML), as JSON Schema."),
 }
 

@@ -24,7 +24,7 @@ from matcher.cli.settings import (
 )
 from matcher.config import ConfigError, host_port, load_worker_settings
 from matcher.sdk.worker import serve
-from matcher.store.worker_api import call, retry_parked_call
+from matcher.store.recovery import retry_parked
 
 
 @app.command()
@@ -97,15 +97,13 @@ def resumes_retry(
         fail(["matcher: give one of --run, --wait or --resolution"], code=EXIT_USAGE)
     if run is not None and tenant is None:
         fail(["matcher: --run needs --tenant (run ids may repeat across tenants)"], EXIT_USAGE)
-    made = retry_parked_call(
-        tenant=tenant,
-        run_id=run,
-        wait_id=None if wait is None else uuid_argument(wait, "wait"),
-        resolution_id=None if resolution is None else uuid_argument(resolution, "resolution"),
-    )
+    wait_id = None if wait is None else uuid_argument(wait, "wait")
+    resolution_id = None if resolution is None else uuid_argument(resolution, "resolution")
     quiet_clients()
     with connect(settings_for(kafka=False)) as conn:
-        count = call(conn, made)
+        count = retry_parked(
+            conn, tenant=tenant, run_id=run, wait_id=wait_id, resolution_id=resolution_id
+        )
     if as_json:
         print_json({"retried": count})
     else:

@@ -43,6 +43,8 @@ class LaunchSpec(BaseModel):
 
 
 class Launch(BaseModel):
+    """A launch intent and its wait, as stored (``record_launch``)."""
+
     model_config = ConfigDict(frozen=True)
 
     id: UUID

@@ -24,11 +24,19 @@ from matcher.domain.waits import Outcome, Wait, WaitSpec, WaitState
 from matcher.sdk.resumes import parse_resume
 from matcher.store.launches import (
     audit_trail,
+    audit_trail_async,
     get_launch,
+    get_launch_async,
     record_job_id,
     record_job_id_async,
     record_launch,
     record_launch_async,
+)
+from matcher.store.recovery import (
+    retry_parked,
+    retry_parked_async,
+    unadvanced_resolutions,
+    unadvanced_resolutions_async,
 )
 from matcher.store.waits import (
     advance,
@@ -38,7 +46,9 @@ from matcher.store.waits import (
     committed_resume,
     committed_resume_async,
     get_wait,
+    get_wait_async,
     list_waits,
+    list_waits_async,
     register_wait,
     register_wait_async,
     verify_resume,
@@ -65,13 +75,17 @@ __all__ = [
     "advance",
     "advance_async",
     "audit_trail",
+    "audit_trail_async",
     "cancel_wait",
     "cancel_wait_async",
     "committed_resume",
     "committed_resume_async",
     "get_launch",
+    "get_launch_async",
     "get_wait",
+    "get_wait_async",
     "list_waits",
+    "list_waits_async",
     "parse_resume",
     "record_job_id",
     "record_job_id_async",
@@ -79,6 +93,10 @@ __all__ = [
     "record_launch_async",
     "register_wait",
     "register_wait_async",
+    "retry_parked",
+    "retry_parked_async",
+    "unadvanced_resolutions",
+    "unadvanced_resolutions_async",
     "verify_resume",
     "verify_resume_async",
 ]

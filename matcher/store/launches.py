@@ -20,6 +20,7 @@ from matcher.store.worker_api import (
     Conn,
     call,
     call_async,
+    get_launch_call,
     record_job_id_call,
     record_launch_call,
 )
@@ -61,14 +62,26 @@ async def record_job_id_async(
 
 
 def get_launch(conn: Conn, launch_id: uuid.UUID | str) -> Launch | None:
-    with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(query("launches", "get_launch"), {"id": launch_id}).fetchone()
-    return Launch.model_validate(row) if row else None
+    """The launch in its state now (``matcher.get_launch_v1``); None when there is none."""
+    return call(conn, get_launch_call(launch_id))
+
+
+async def get_launch_async(conn: AsyncConn, launch_id: uuid.UUID | str) -> Launch | None:
+    """``get_launch`` for asyncio workers."""
+    return await call_async(conn, get_launch_call(launch_id))
 
 
 def audit_trail(conn: Conn, launch_id: uuid.UUID | str) -> list[dict[str, Any]]:
+    """What happened to a launch, oldest first: each state change, with when and why."""
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(query("launches", "audit_of"), {"id": launch_id}).fetchall()
+
+
+async def audit_trail_async(conn: AsyncConn, launch_id: uuid.UUID | str) -> list[dict[str, Any]]:
+    """``audit_trail`` for asyncio workers."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(query("launches", "audit_of"), {"id": launch_id})
+        return await cur.fetchall()
 
 
 @dataclass(frozen=True)

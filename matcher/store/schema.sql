@@ -326,6 +326,63 @@ $$;
 
 
 --
+-- Name: launches; Type: TABLE; Schema: matcher; Owner: -
+--
+
+CREATE TABLE matcher.launches (
+    id uuid NOT NULL,
+    tenant text NOT NULL,
+    run_id text NOT NULL,
+    "position" bigint NOT NULL,
+    idempotency_key text NOT NULL,
+    correlation_id text NOT NULL,
+    wait_id uuid NOT NULL,
+    external_job_id text,
+    state text DEFAULT 'intent'::text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    reconcile_attempts integer DEFAULT 0 NOT NULL,
+    CONSTRAINT launches_state_check CHECK ((state = ANY (ARRAY['intent'::text, 'submitted'::text, 'reconciled'::text, 'failed'::text])))
+);
+
+
+--
+-- Name: launch_json(matcher.launches); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.launch_json(l matcher.launches) RETURNS jsonb
+    LANGUAGE sql STABLE PARALLEL SAFE
+    RETURN jsonb_build_object('id', (l).id, 'tenant', (l).tenant, 'run_id', (l).run_id, 'position', (l)."position", 'idempotency_key', (l).idempotency_key, 'correlation_id', (l).correlation_id, 'wait_id', (l).wait_id, 'external_job_id', (l).external_job_id, 'state', (l).state, 'created_at', matcher.rfc3339((l).created_at), 'updated_at', matcher.rfc3339((l).updated_at), 'reconcile_attempts', (l).reconcile_attempts);
+
+
+--
+-- Name: get_launch_v1(uuid); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.get_launch_v1(launch_id uuid) RETURNS jsonb
+    LANGUAGE sql STABLE
+    RETURN (SELECT matcher.launch_json(l.*) AS launch_json FROM matcher.launches l WHERE (l.id = get_launch_v1.launch_id));
+
+
+--
+-- Name: wait_json(matcher.waits); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.wait_json(w matcher.waits) RETURNS jsonb
+    LANGUAGE sql STABLE PARALLEL SAFE
+    RETURN jsonb_build_object('id', (w).id, 'tenant', (w).tenant, 'run_id', (w).run_id, 'position', (w)."position", 'event_types', to_jsonb((w).event_types), 'correlation_id', (w).correlation_id, 'external_job_id', (w).external_job_id, 'deadline', matcher.rfc3339((w).deadline), 'state', (w).state, 'created_at', matcher.rfc3339((w).created_at), 'resolved_at', matcher.rfc3339((w).resolved_at), 'resolution', (w).resolution, 'resolved_by_producer', (w).resolved_by_producer, 'resolved_by_event_id', (w).resolved_by_event_id);
+
+
+--
+-- Name: get_wait_v1(uuid); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.get_wait_v1(wait_id uuid) RETURNS jsonb
+    LANGUAGE sql STABLE
+    RETURN (SELECT matcher.wait_json(w.*) AS wait_json FROM matcher.waits w WHERE (w.id = get_wait_v1.wait_id));
+
+
+--
 -- Name: ingest_events(text[], text[], text[], text[], text[], text[], timestamp with time zone[], text[], integer[], bigint[], jsonb[]); Type: FUNCTION; Schema: matcher; Owner: -
 --
 
@@ -508,36 +565,6 @@ BEGIN
     END IF;
 END
 $$;
-
-
---
--- Name: launches; Type: TABLE; Schema: matcher; Owner: -
---
-
-CREATE TABLE matcher.launches (
-    id uuid NOT NULL,
-    tenant text NOT NULL,
-    run_id text NOT NULL,
-    "position" bigint NOT NULL,
-    idempotency_key text NOT NULL,
-    correlation_id text NOT NULL,
-    wait_id uuid NOT NULL,
-    external_job_id text,
-    state text DEFAULT 'intent'::text NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    reconcile_attempts integer DEFAULT 0 NOT NULL,
-    CONSTRAINT launches_state_check CHECK ((state = ANY (ARRAY['intent'::text, 'submitted'::text, 'reconciled'::text, 'failed'::text])))
-);
-
-
---
--- Name: launch_json(matcher.launches); Type: FUNCTION; Schema: matcher; Owner: -
---
-
-CREATE FUNCTION matcher.launch_json(l matcher.launches) RETURNS jsonb
-    LANGUAGE sql STABLE PARALLEL SAFE
-    RETURN jsonb_build_object('id', (l).id, 'tenant', (l).tenant, 'run_id', (l).run_id, 'position', (l)."position", 'idempotency_key', (l).idempotency_key, 'correlation_id', (l).correlation_id, 'wait_id', (l).wait_id, 'external_job_id', (l).external_job_id, 'state', (l).state, 'created_at', matcher.rfc3339((l).created_at), 'updated_at', matcher.rfc3339((l).updated_at), 'reconcile_attempts', (l).reconcile_attempts);
 
 
 --
@@ -831,15 +858,6 @@ BEGIN
     END IF;
     RETURN envelope -> 'data';
 END $$;
-
-
---
--- Name: wait_json(matcher.waits); Type: FUNCTION; Schema: matcher; Owner: -
---
-
-CREATE FUNCTION matcher.wait_json(w matcher.waits) RETURNS jsonb
-    LANGUAGE sql STABLE PARALLEL SAFE
-    RETURN jsonb_build_object('id', (w).id, 'tenant', (w).tenant, 'run_id', (w).run_id, 'position', (w)."position", 'event_types', to_jsonb((w).event_types), 'correlation_id', (w).correlation_id, 'external_job_id', (w).external_job_id, 'deadline', matcher.rfc3339((w).deadline), 'state', (w).state, 'created_at', matcher.rfc3339((w).created_at), 'resolved_at', matcher.rfc3339((w).resolved_at), 'resolution', (w).resolution, 'resolved_by_producer', (w).resolved_by_producer, 'resolved_by_event_id', (w).resolved_by_event_id);
 
 
 --

@@ -23,9 +23,13 @@ from matcher.store.worker_api import (
     call_async,
     cancel_wait_call,
     committed_resume_call,
+    get_wait_call,
     register_wait_call,
     verify_resume_call,
 )
+
+# A listing is for reading, not for paging through the whole table.
+MAX_LISTED = 10_000
 
 __all__ = ["AsyncConn", "Conn", "UnverifiedResume"]
 
@@ -71,9 +75,34 @@ async def time_out_due(conn: AsyncConn, limit: int) -> int:
 
 
 def get_wait(conn: Conn, wait_id: UUID | str) -> Wait | None:
-    with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(query("waits", "get_wait"), {"wait_id": wait_id}).fetchone()
-    return wait_from_row(row) if row else None
+    """The wait in its state now (``matcher.get_wait_v1``); None when there is none."""
+    return call(conn, get_wait_call(wait_id))
+
+
+async def get_wait_async(conn: AsyncConn, wait_id: UUID | str) -> Wait | None:
+    """``get_wait`` for asyncio workers."""
+    return await call_async(conn, get_wait_call(wait_id))
+
+
+def _wait_filters(
+    tenant: str | None,
+    state: str | None,
+    run_id: str | None,
+    correlation_id: str | None,
+    external_job_id: str | None,
+    limit: int,
+) -> dict[str, Any]:
+    if not 1 <= limit <= MAX_LISTED:
+        raise ValueError(f"limit must be between 1 and {MAX_LISTED}")
+    return {
+        "tenant": tenant,
+        "state": state,
+        "run_id": run_id,
+        "correlation_id": correlation_id,
+        "external_job_id": external_job_id,
+        "limit": limit,
+        "offset": 0,
+    }
 
 
 def list_waits(
@@ -86,19 +115,29 @@ def list_waits(
     external_job_id: str | None = None,
     limit: int = 100,
 ) -> list[Wait]:
+    """Waits that match every filter given, newest first (an operator's listing: a worker
+    keeps the ids ``register_wait`` answered and reads them with ``get_wait``)."""
+    params = _wait_filters(tenant, state, run_id, correlation_id, external_job_id, limit)
     with conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(
-            query("views", "waits"),
-            {
-                "tenant": tenant,
-                "state": state,
-                "run_id": run_id,
-                "correlation_id": correlation_id,
-                "external_job_id": external_job_id,
-                "limit": limit,
-                "offset": 0,
-            },
-        ).fetchall()
+        rows = cur.execute(query("views", "waits"), params).fetchall()
+    return [wait_from_row(row) for row in rows]
+
+
+async def list_waits_async(
+    conn: AsyncConn,
+    *,
+    tenant: str | None = None,
+    state: str | None = None,
+    run_id: str | None = None,
+    correlation_id: str | None = None,
+    external_job_id: str | None = None,
+    limit: int = 100,
+) -> list[Wait]:
+    """``list_waits`` for asyncio workers."""
+    params = _wait_filters(tenant, state, run_id, correlation_id, external_job_id, limit)
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(query("views", "waits"), params)
+        rows = await cur.fetchall()
     return [wait_from_row(row) for row in rows]
 
 

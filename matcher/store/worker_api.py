@@ -106,6 +106,22 @@ def record_job_id_call(launch_id: UUID | str, external_job_id: str) -> Call[bool
     return Call("record_job_id", params, lambda row: bool(row[0]))
 
 
+def get_wait_call(wait_id: UUID | str) -> Call[Wait | None]:
+    return Call(
+        "get_wait",
+        {"wait_id": wait_id},
+        lambda row: None if row[0] is None else Wait.model_validate(row[0]),
+    )
+
+
+def get_launch_call(launch_id: UUID | str) -> Call[Launch | None]:
+    return Call(
+        "get_launch",
+        {"launch_id": launch_id},
+        lambda row: None if row[0] is None else Launch.model_validate(row[0]),
+    )
+
+
 def cancel_wait_call(wait_id: UUID | str) -> Call[bool]:
     return Call("cancel_wait", {"wait_id": wait_id}, lambda row: bool(row[0]))
 

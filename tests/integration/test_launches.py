@@ -145,3 +145,4 @@ def test_the_documented_worker_flow_runs(settings: Settings) -> None:
     assert flow.returncode == 0, flow.stderr
     assert "worker A: started job-" in flow.stdout
     assert "continues after event" in flow.stdout
+    assert "1200 rows" in flow.stdout  # the handler's write, committed with the advance

@@ -1,6 +1,8 @@
 """The resume worker killed with SIGKILL at each point of its work, again and again, under a
-load of 1,000 resumes: every run is advanced exactly once, and the handler's own write
-(a row in app_effects, with no unique key to hide a double) is there exactly once.
+load of 1,000 resumes, running the README's handler as written (its table and its
+app.py, taken from the README's text): every run is advanced exactly once, and the
+handler's own write (a row in ``steps``, with no unique key to hide a double) is there
+exactly once.
 
 The points (``matcher.faults``): ``worker.before_advance`` (a transaction begun, nothing
 written), ``worker.in_handler`` (advanced and the handler's row written, not committed),
@@ -12,17 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
 from matcher.config import Settings
 from tests.support.assertions import env_flag, eventually
 from tests.support.db import db, register_waits, rows, scalar
-from tests.support.handlers import create_app_tables
 from tests.support.kafka import produce
 from tests.support.processes import process_env, running_daemon
 from tests.support.records import event
@@ -32,7 +35,25 @@ RESUMES = env_flag("MATCHER_TEST_WORKER_RESUMES", 1000)
 pytestmark = pytest.mark.timeout(180 + 60 * CRASHES)
 
 
-def _worker(settings: Settings, group: str, crash_at: str | None) -> subprocess.Popen[bytes]:
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_worker() -> tuple[str, str]:
+    """The README's worker, as written: its table (the sql block) and its app.py (the
+    python block) of the section "Continuing the run, exactly once"."""
+    text = README.read_text()
+    section = text[text.index("## Continuing the run, exactly once") :]
+    section = section[: section.index("\n## ", 1)]
+    sql = re.search(r"```sql\n(.*?)```", section, re.DOTALL)
+    app = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert sql is not None, "the README's worker section lost its sql block"
+    assert app is not None, "the README's worker section lost its python block"
+    return sql.group(1), app.group(1)
+
+
+def _worker(
+    settings: Settings, group: str, crash_at: str | None, cwd: Path
+) -> subprocess.Popen[bytes]:
     env = process_env(
         settings,
         MATCHER_WORKER_GROUP=group,
@@ -43,22 +64,24 @@ def _worker(settings: Settings, group: str, crash_at: str | None) -> subprocess.
     if crash_at is not None:
         env["MATCHER_TEST_CRASH_AT"] = crash_at
     return subprocess.Popen(
-        [sys.executable, "-m", "matcher", "worker", "--handler", "tests.support.handlers:record"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [sys.executable, "-m", "matcher", "worker", "--handler", "app:handle"],
+        env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
 
 
 def _effects(settings: Settings) -> int:
-    return int(scalar(settings, "SELECT count(*) FROM app_effects"))
+    return int(scalar(settings, "SELECT count(*) FROM steps"))
 
 
 @pytest.mark.parametrize("point", ["worker.before_advance", "worker.in_handler",
                                    "worker.after_commit"])  # fmt: skip
 async def test_a_worker_killed_anywhere_advances_each_run_once(
-    settings: Settings, point: str
+    settings: Settings, point: str, tmp_path: Path
 ) -> None:
+    table, app = readme_worker()
+    (tmp_path / "app.py").write_text(app)
     with db(settings) as conn:
-        create_app_tables(conn)
+        conn.execute(table.encode())  # the README's own SQL
     group = f"crash-worker-{uuid.uuid4().hex[:6]}"
     rng = random.Random(point)
     async with running_daemon(settings):
@@ -70,10 +93,11 @@ async def test_a_worker_killed_anywhere_advances_each_run_once(
             timeout=120, what="every resume published",
         )  # fmt: skip
     kills = 0
+    # Each worker dies within its first `latest` visits of the point: all the kills
+    # happen before the load is done, however many there are.
+    latest = max(1, RESUMES // (2 * CRASHES))
     for _ in range(CRASHES):
-        if _effects(settings) >= RESUMES:
-            break
-        worker = _worker(settings, group, f"{point}@{rng.randint(1, max(1, RESUMES // 4))}")
+        worker = _worker(settings, group, f"{point}@{rng.randint(1, latest)}", tmp_path)
         deadline = time.monotonic() + 60
         while worker.poll() is None and _effects(settings) < RESUMES:
             assert time.monotonic() < deadline, "the worker neither crashed nor finished"
@@ -84,15 +108,15 @@ async def test_a_worker_killed_anywhere_advances_each_run_once(
         else:
             assert worker.returncode == -9, worker.returncode  # killed at the point
             kills += 1
-    assert kills >= 1
-    last = _worker(settings, group, None)
+    assert kills == CRASHES, f"{kills} of {CRASHES} kills happened"
+    last = _worker(settings, group, None, tmp_path)
     try:
         await eventually(lambda: _effects(settings) >= RESUMES, timeout=120,
                          what="every run handled after the crashes")  # fmt: skip
     finally:
         last.terminate()
         assert last.wait(60) == 0
-    doubled = rows(settings, "SELECT run_id, count(*) AS n FROM app_effects "
+    doubled = rows(settings, "SELECT run_id, count(*) AS n FROM steps "
                              "GROUP BY run_id HAVING count(*) <> 1")  # fmt: skip
     assert doubled == []
     assert _effects(settings) == RESUMES

@@ -31,11 +31,19 @@ CREATE INDEX outbox_created_at ON matcher.outbox USING brin (created_at);
 -- A run's advance time, for explain ("advanced at ...").
 ALTER TABLE matcher.runs ADD COLUMN advanced_at timestamptz;
 
--- An identifier as the SDKs check it: text with a non-space, at most 512 bytes.
+-- An identifier as the SDKs check it: text with a character other than white space, at
+-- most 512 bytes. White space is Unicode's (Python's str.isspace, the Python SDK's check),
+-- spelled out rather than left to a regex class, whose meaning follows the database's
+-- locale: the same text gets the same answer from every SDK and every database.
 CREATE FUNCTION matcher.checked_ident(what text, value text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    IF value IS NULL OR value !~ '\S' THEN
+    IF value IS NULL OR translate(
+        value,
+        E'\t\n\u000B\f\r\u001C\u001D\u001E\u001F \u0085\u00A0\u1680\u2000\u2001\u2002'
+        || E'\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200A\u2028\u2029\u202F\u205F\u3000',
+        ''
+    ) = '' THEN
         RAISE EXCEPTION 'matcher: % must be non-empty text', what USING ERRCODE = '22023';
     END IF;
     IF octet_length(value) > 512 THEN
@@ -56,7 +64,12 @@ BEGIN
     FOREACH t IN ARRAY event_types LOOP
         PERFORM matcher.checked_ident('an event type', t);
     END LOOP;
-    RETURN ARRAY(SELECT DISTINCT u FROM unnest(event_types) AS u ORDER BY u);
+    -- Sorted by code point (the C collation), as the Python SDK sorts them, whatever the
+    -- database's own collation.
+    RETURN ARRAY(
+        SELECT d.u FROM (SELECT DISTINCT u FROM unnest(event_types) AS u) AS d
+        ORDER BY d.u COLLATE "C"
+    );
 END $$;
 
 CREATE FUNCTION matcher.checked_position("position" bigint) RETURNS bigint
@@ -68,7 +81,8 @@ BEGIN
     RETURN "position";
 END $$;
 
--- A wait as the API answers it (the JSON Schema schemas/wait.schema.json).
+-- A wait as the API answers it (the JSON Schema schemas/wait.schema.json); times are
+-- RFC 3339 in UTC.
 CREATE FUNCTION matcher.wait_json(w matcher.waits) RETURNS jsonb
 LANGUAGE sql STABLE PARALLEL SAFE
 RETURN jsonb_build_object(
@@ -81,6 +95,7 @@ RETURN jsonb_build_object(
     'resolved_by_event_id', w.resolved_by_event_id
 );
 
+-- A launch as the API answers it (schemas/launch.schema.json).
 CREATE FUNCTION matcher.launch_json(l matcher.launches) RETURNS jsonb
 LANGUAGE sql STABLE PARALLEL SAFE
 RETURN jsonb_build_object(
@@ -212,6 +227,19 @@ BEGIN
     END IF;
     RETURN stored_job_id IS NOT DISTINCT FROM record_job_id_v1.external_job_id;
 END $$;
+
+-- A wait by its id, as register_wait_v1 answered it, in its state now; NULL when there is
+-- no such wait.
+CREATE FUNCTION matcher.get_wait_v1(wait_id uuid) RETURNS jsonb
+LANGUAGE sql STABLE
+RETURN (SELECT matcher.wait_json(w) FROM matcher.waits AS w WHERE w.id = get_wait_v1.wait_id);
+
+-- A launch by its id, in its state now; NULL when there is no such launch.
+CREATE FUNCTION matcher.get_launch_v1(launch_id uuid) RETURNS jsonb
+LANGUAGE sql STABLE
+RETURN (
+    SELECT matcher.launch_json(l) FROM matcher.launches AS l WHERE l.id = get_launch_v1.launch_id
+);
 
 -- Cancel a waiting wait: true when this call cancelled it (a resume with outcome
 -- "cancelled" follows), false when it was resolved already.

@@ -1,6 +1,3 @@
--- name: get_launch
-SELECT * FROM matcher.launches WHERE id = %(id)s;
-
 -- name: unsubmitted
 -- Intents older than the threshold with no job id: candidates for reconciliation.
 SELECT id FROM matcher.launches

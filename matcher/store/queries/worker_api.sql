@@ -18,6 +18,12 @@ SELECT matcher.record_launch_v1(
 -- name: record_job_id
 SELECT matcher.record_job_id_v1(%(launch_id)s, %(external_job_id)s);
 
+-- name: get_wait
+SELECT matcher.get_wait_v1(%(wait_id)s);
+
+-- name: get_launch
+SELECT matcher.get_launch_v1(%(launch_id)s);
+
 -- name: cancel_wait
 SELECT matcher.cancel_wait_v1(%(wait_id)s);
 
