@@ -51,7 +51,9 @@ def _until(check: object, what: str, timeout: float = 30) -> None:
 
 def _seed(settings: Settings) -> None:
     with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as conn:
-        for run, correlation in [("run-mismatch", "c-mismatch"), ("run-xss", "c-xss")]:
+        for run, correlation in [
+            ("run-mismatch", "c-mismatch"), ("run-xss", "c-xss"), ("run-parked", "c-parked"),
+        ]:  # fmt: skip
             register_wait(
                 conn,
                 WaitSpec(
@@ -73,6 +75,7 @@ def _seed(settings: Settings) -> None:
             settings,
             [
                 event(tenant="globex", correlation="c-mismatch"),
+                event(correlation="c-parked"),
                 event(
                     correlation="c-xss", type_="job.progress", data={"note": PAYLOAD, "who": BIDI}
                 ),
@@ -88,8 +91,20 @@ def _seed(settings: Settings) -> None:
             ],
         )
     )
-    _until(lambda: scalar(settings, "SELECT count(*) FROM matcher.inbox") == 2, "stored")
+    _until(lambda: scalar(settings, "SELECT count(*) FROM matcher.inbox") == 3, "stored")
     _until(lambda: scalar(settings, "SELECT count(*) FROM matcher.quarantine") == 2, "kept")
+    _park(settings, "run-parked")
+
+
+def _park(settings: Settings, run: str) -> None:
+    """A worker's handler failed on the run's resume, once, with max_attempts 1: parked."""
+    with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as conn:
+        conn.execute(
+            "SELECT matcher.record_worker_failure_v1(matcher.committed_resume_v1(w.id), "
+            "'RuntimeError: the ledger refuses ' || %s, 1) FROM matcher.waits AS w "
+            "WHERE w.run_id = %s",
+            [PAYLOAD, run],
+        )
 
 
 @pytest.fixture(scope="module")
@@ -239,6 +254,26 @@ def test_a_run_with_a_mismatched_tenant_shows_mismatch(signed_in: httpx.Client) 
     missing = signed_in.get("/console/runs/no-such-run")
     assert missing.status_code == 404
     assert missing.headers["content-security-policy"] == CSP
+
+
+def test_a_parked_run_is_listed_and_explained(signed_in: httpx.Client, console: Console) -> None:
+    listed = signed_in.get("/console/runs", params={"verdict": "parked"})
+    assert listed.status_code == 200
+    assert "run-parked" in listed.text
+    assert "run-mismatch" not in listed.text
+    page = signed_in.get("/console/runs/run-parked", params={"tenant": "acme"})
+    verdict = page.text.split('<section id="verdict"', 1)[1].split("</section>", 1)[0]
+    assert ">parked<" in verdict
+    assert "the ledger refuses" in verdict
+    assert "<img src=x" not in page.text  # the handler's error is stored text: escaped
+    api = signed_in.get(
+        "/v1/runs/run-parked/explain",
+        params={"tenant": "acme"},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    )
+    assert api.status_code == 200
+    assert api.json()["verdict"] == "parked"
+    assert api.json()["evidence"]["resume"]["worker"]["attempts"] == 1
 
 
 def test_hostile_text_is_escaped(signed_in: httpx.Client) -> None:
