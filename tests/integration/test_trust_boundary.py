@@ -208,7 +208,7 @@ def _slow_delivery(address: str, correlation: str, age_s: float, tail_after_s: f
     headers = senders.standard_request(body, f"m-{correlation}", when=signed_at)
     host, _, port = address.removeprefix("http://").partition(":")
     request = (
-        b"POST /v1/webhooks/openai HTTP_TIMEOUT/1.1\r\nHost: x\r\n"
+        b"POST /v1/webhooks/openai HTTP/1.1\r\nHost: x\r\n"
         + b"".join(n + b": " + v + b"\r\n" for n, v in headers)
         + b"Content-Length: %d\r\n\r\n" % len(body)
         + body
@@ -432,12 +432,12 @@ class _SlowClients:
                 self.opened += 1
                 if kind == "body":
                     conn.sendall(
-                        b"POST /v1/webhooks/openai HTTP_TIMEOUT/1.1\r\nHost: x\r\n"
+                        b"POST /v1/webhooks/openai HTTP/1.1\r\nHost: x\r\n"
                         b"Content-Type: application/json\r\n"
                         b"Content-Length: 100000\r\n\r\n{"
                     )
                 else:
-                    conn.sendall(b"POST /v1/webhooks/openai HTTP_TIMEOUT/1.1\r\nHost: x\r\n")
+                    conn.sendall(b"POST /v1/webhooks/openai HTTP/1.1\r\nHost: x\r\n")
                 conn.settimeout(0.5)
                 while not self._stop.is_set():  # a byte now and then, until it is closed
                     try:
@@ -493,12 +493,12 @@ def test_a_body_that_trickles_is_cut_off_at_the_minimum_rate(webhooks_secure: Se
         with socket.create_connection((host, int(port)), timeout=20) as conn:
             began = time.monotonic()
             conn.sendall(
-                b"POST /v1/webhooks/openai HTTP_TIMEOUT/1.1\r\nHost: x\r\n"
+                b"POST /v1/webhooks/openai HTTP/1.1\r\nHost: x\r\n"
                 b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{"
             )
             answer = conn.recv(4096)
             took = time.monotonic() - began
-        assert answer.startswith(b"HTTP_TIMEOUT/1.1 408"), answer[:100]
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:100]
         assert took < 5, took  # the read timeout is 10 s: the rate ended it first
 
 
