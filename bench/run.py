@@ -46,7 +46,7 @@ from psycopg.types.json import Jsonb
 from rich.console import Console
 from rich.progress import Progress
 
-from bench import cpu, drift, jit, pressure
+from bench import cpu, drift, jit, pressure, worker
 from bench.cluster import ClusterUnavailable, private_cluster, replication
 from bench.paced import PacedProducer, SignedEvent
 from bench.peers import PAYLOAD
@@ -524,15 +524,20 @@ async def r_matcher(
     preload_rows: int = 0,
     daemons: int = 1,
     cpu_use: CpuUse | None = None,
+    kept: dict[str, str] | None = None,
 ) -> tuple[float, int]:
     """The daemon end to end: (events/s until every resume is published, peak RSS bytes of
     the largest daemon). ``daemons`` processes share the work as one consumer group.
+    ``kept`` gets the run's database URL and resume topic.
     ``cpu_use`` gets the CPU per event of each process, from the first stored batch on
     (the events stored before the meter started are not counted in it; it stays empty
     when the first batch held them all)."""
     url = env.fresh_db(preload_rows)
     await register_waits(url, [c for c, *_ in events])
-    environment = _daemon_env(env, url, topic, await env.topic("resumes"))
+    resumes = await env.topic("resumes")
+    if kept is not None:  # for the worker's measurement after this one
+        kept.update(url=url, resumes=resumes)
+    environment = _daemon_env(env, url, topic, resumes)
     running = [Daemon(environment) for _ in range(daemons)]
     meter = cpu.Meter(
         {
@@ -571,6 +576,23 @@ async def r_matcher(
     # Timed like r_kafka and r_pipe: from the first batch consumed (the first inbox row's
     # transaction), not from process start, so the group join is excluded for all of them.
     return len(events) / (finished - _first_stored(url, topic)), rss
+
+
+async def r_worker(env: Env, url: str, resume_topic: str, want: int) -> float:
+    """The resume worker (``matcher worker``, bench.worker's one-row handler) on the
+    resumes r_matcher published: runs advanced per second, each with its handler's row in
+    the advance's transaction, from the first row written (the group join left out)."""
+    worker.create_steps_table(url)
+    process = Daemon(worker.worker_env(env.kafka, url, resume_topic), worker.worker_argv())
+
+    def alive() -> None:
+        if process.process.poll() is not None:
+            raise RuntimeError(f"worker exited {process.process.returncode}")
+
+    try:
+        return await worker.advanced_per_second(url, want, alive)
+    finally:
+        process.stop()
 
 
 # The percentiles each latency run reports, of the whole path and of each of its stages.
@@ -631,13 +653,19 @@ class Window:
 
 
 async def _window(
-    env: Env, rate: int, events: list[SignedEvent], topics: tuple[str, str], server: Daemon
+    env: Env,
+    rate: int,
+    events: list[SignedEvent],
+    topics: tuple[str, str],
+    server: Daemon,
+    ready: Callable[[], bool] | None = None,
 ) -> Window:
     """``events`` sent to ``topics[0]`` at ``rate``/s while ``server`` (the daemon, or the
     pipe's floor) turns them into resumes on ``topics[1]``; stops ``server`` when done.
 
     The clock starts once a first event's resume has come back (the server has joined its
-    group and every stage has run once: a condition, not a guessed sleep)."""
+    group and every stage has run once: a condition, not a guessed sleep), and ``ready()``
+    says so too (the resume worker has handled that first resume)."""
     resumed: dict[str, float] = {}
     first, *rest = events
     # Each process is stopped however the run ends, the last started first.
@@ -664,6 +692,7 @@ async def _window(
         await _resumes_until(resumes, resumed, lambda: bool(resumed), 60)
         if not resumed:
             raise RuntimeError("no resume was published within 60 s of the first event")
+        await _until_ready(ready, 60)
         # The broker's JIT compiler threads, apart: they are part of the broker's CPU.
         compiling = jit.CompilerMeter(env.broker_jvm, time.perf_counter) if env.broker_jvm else None
         if compiling:
@@ -676,6 +705,14 @@ async def _window(
         waited = stalls.stop()
         compiled = compiling.stop_pct() if compiling else None
     return Window(sent, resumed, cores | {"total": sum(cores.values())}, waited, compiled)
+
+
+async def _until_ready(ready: Callable[[], bool] | None, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while ready is not None and not ready():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"not ready within {timeout_s:.0f} s of the first resume")
+        await asyncio.sleep(0.05)
 
 
 def _window_figures(window: Window, whole: list[float]) -> dict[str, Any]:
@@ -720,6 +757,35 @@ async def latency(env: Env, rate: int, seconds: float, preload_rows: int = 0) ->
     for name, values in parts.items():
         figures |= {f"{name}_{k}_ms": v for k, v in _percentiles(values).items()}
     return figures
+
+
+async def worker_latency(env: Env, rate: int, seconds: float) -> dict[str, float]:
+    """The daemon and the resume worker together, events at ``rate``/s for ``seconds``
+    (WARM_UP_S not counted, as latency() counts): resume published (its Kafka timestamp)
+    -> the handler's row written, and event sent -> the handler's row written."""
+    url = env.fresh_db()
+    worker.create_steps_table(url)
+    warm = int(rate * WARM_UP_S)
+    events = signed_events(1 + warm + int(rate * seconds))
+    await register_waits(url, [c for c, *_ in events])
+    topics = await env.topic("events"), await env.topic("resumes")
+    daemon = Daemon(_daemon_env(env, url, *topics))
+    process = Daemon(worker.worker_env(env.kafka, url, topics[1]), worker.worker_argv())
+    try:
+        window = await _window(
+            env, rate, events, topics, daemon, ready=lambda: worker.steps_written(url) > 0
+        )
+        want = len(window.sent)
+        await _until_ready(lambda: worker.steps_written(url) >= want, 60)
+    finally:
+        process.stop()
+    measured = dict(list(window.sent.items())[warm:])
+    after_resume, end_to_end = worker.latencies_ms(measured, window.resumed, worker.step_times(url))
+    if len(after_resume) < len(measured):
+        raise RuntimeError(f"{len(measured) - len(after_resume)} steps missing at {rate}/s")
+    return {f"{k}_ms": v for k, v in _percentiles(after_resume).items()} | {
+        f"e2e_{k}_ms": v for k, v in _percentiles(end_to_end).items()
+    }
 
 
 async def pipe_latency(env: Env, rate: int, seconds: float) -> dict[str, Any]:
@@ -956,8 +1022,11 @@ async def _throughput_repetition(
         await r_naive(env, work.naive_topic, work.naive_events, plan.naive_n)
     )
     matcher_cpu: CpuUse = {}
-    rate, rss = await r_matcher(env, work.topic, work.events, cpu_use=matcher_cpu)
+    kept: dict[str, str] = {}
+    rate, rss = await r_matcher(env, work.topic, work.events, cpu_use=matcher_cpu, kept=kept)
     runs.setdefault("r_matcher", []).append(rate)
+    worker_rate = await r_worker(env, kept["url"], kept["resumes"], len(work.events))
+    runs.setdefault("r_worker", []).append(worker_rate)
     for name, use in (("pipe", pipe_cpu), ("matcher", matcher_cpu)):
         for process, us in use.items():
             runs.setdefault(f"cpu_{name}_{process}_us_per_event", []).append(us)
@@ -1055,6 +1124,11 @@ async def _measure_latency(
             floor = await kafka_latency(env, rate, min(plan.latency_s, FLOOR_S))
             for k, v in floor.items():
                 runs.setdefault(f"latency_kafka_{rate}_{k}_ms", []).append(v)
+        if rate == plan.rates[0]:  # the resume worker beside the daemon, at the first rate
+            for _ in range(plan.reps):
+                figures = await worker_latency(env, rate, plan.latency_s)
+                for k, v in figures.items():
+                    runs.setdefault(f"worker_latency_{rate}_{k}", []).append(v)
         samples[str(rate)] = found[-1]["samples_ms"]
         notes += drift.behind_notes(
             rate, [f["drift_ms"] for f in found], [f["p50_ms"] for f in found]
@@ -1178,6 +1252,7 @@ def _ratios(
         "matcher_over_min_kafka_pg": m / min(figures["r_kafka"], figures["r_pg"]),
         "matcher_over_naive": m / figures["r_naive"],
         "matcher_over_dbos": m / figures["r_dbos"],
+        "worker_over_matcher": figures["r_worker"] / m,
         "matcher_2_daemons_over_1": figures["r_matcher_2_daemons"] / m,
         "matcher_3_daemons_over_1": figures["r_matcher_3_daemons"] / m,
         **{
@@ -1250,6 +1325,7 @@ def _targets(plan: Plan, figures: dict[str, Any], ratios: dict[str, float]) -> d
         "r_matcher >= 0.35 x min(r_kafka, r_pg)": ratios["matcher_over_min_kafka_pg"] >= 0.35,
         "r_matcher >= 10 x r_naive": ratios["matcher_over_naive"] >= 10,
         "r_matcher >= 30 x r_dbos": ratios["matcher_over_dbos"] >= 30,
+        "r_worker >= 0.5 x r_matcher": ratios["worker_over_matcher"] >= 0.5,
         "r_matcher >= 100 x r_temporal": times(figures.get("r_temporal"), 100),
         "r_matcher >= 15 x r_restate (its faster mode)": times(fastest_restate, 15),
         **{
