@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 from aiokafka import AIOKafkaProducer
+from prometheus_client import REGISTRY
 
 from matcher.config import Settings
 from matcher.domain.resume import ResumeData
@@ -70,12 +71,14 @@ async def test_each_run_advances_once_and_its_write_commits_with_it(settings: Se
             await eventually(lambda: len(_effects(settings)) == 200, timeout=90,
                              what="every run handled")  # fmt: skip
             # Redeliveries of every resume (a relay after a crash): duplicates, no effect.
+            duplicates = metrics.RESUMES.labels("duplicate", "topic")._value.get()
             messages = await read_resume_messages(settings, at_least=200)
             async with started(AIOKafkaProducer(**settings.kafka_client_options())) as producer:
                 for message in messages:
                     await within(producer.send_and_wait(settings.resume_topic, message))
             await eventually(
-                lambda: metrics.RESUMES.labels("duplicate", "topic")._value.get() >= 200,
+                lambda: metrics.RESUMES.labels("duplicate", "topic")._value.get()
+                - duplicates >= 200,
                 timeout=60, what="the redeliveries seen",
             )  # fmt: skip
             assert worker.handled == 200
@@ -85,6 +88,47 @@ async def test_each_run_advances_once_and_its_write_commits_with_it(settings: Se
     body = json.loads(explained.stdout)
     assert body["verdict"] == "resolved_by_event"
     assert any("the run advanced past position" in r for r in body["reasons"])
+
+
+def _batches() -> tuple[float, float]:
+    """How many transactions the workers of this process ran, and how many of them held
+    one resume only."""
+    count = REGISTRY.get_sample_value("matcher_worker_batch_size_count") or 0.0
+    alone = REGISTRY.get_sample_value("matcher_worker_batch_size_bucket", {"le": "1.0"}) or 0.0
+    return count, alone
+
+
+async def test_a_failing_handler_in_a_batch_costs_its_neighbours_nothing(
+    settings: Settings,
+) -> None:
+    """A backlog handled in batches, three of whose runs' handlers always fail: the batch
+    they fall in is rolled back and its resumes attempted alone, so the three are parked
+    and every other run is handled once."""
+    _app(settings)
+    async with running_daemon(settings):
+        runs = await _resolve(settings, 300, "batch")
+        await eventually(
+            lambda: scalar(settings, "SELECT count(*) FROM matcher.outbox "
+                                     "WHERE published_at IS NOT NULL") == 300,
+            timeout=60, what="the backlog published",
+        )  # fmt: skip
+    failing = set(runs[::100])
+    for run in failing:
+        _switch(settings, f"fail:{run}", True)
+    count, alone = _batches()
+    quick = worker_settings(settings, worker_max_attempts=2)
+    async with running_worker(quick, switched):
+        await eventually(
+            lambda: len(_effects(settings)) == 297
+            and scalar(settings, "SELECT count(*) FROM matcher.worker_failures "
+                                 "WHERE parked_at IS NOT NULL") == 3,
+            timeout=90, what="the others handled, the three parked",
+        )  # fmt: skip
+    after, after_alone = _batches()
+    assert (after - count) - (after_alone - alone) > 0, "no transaction held several resumes"
+    assert _effects(settings) == {run: 1 for run in runs if run not in failing}
+    parked = rows(settings, "SELECT run_id FROM matcher.worker_failures")
+    assert {r["run_id"] for r in parked} == failing
 
 
 async def test_a_sync_handler_runs_in_the_same_transaction(settings: Settings) -> None:

@@ -51,12 +51,22 @@ def readme_worker() -> tuple[str, str]:
     return sql.group(1), app.group(1)
 
 
+def _kill_at(point: str, rng: random.Random, batch: int) -> str:
+    """The point and the visit of it to die at: within the first resumes of the load's
+    share of this kill (the in-handler point is visited once per resume, the others once
+    per transaction), so that every kill happens before the load is done."""
+    per_visit = 1 if point == "worker.in_handler" else batch
+    latest = max(1, RESUMES // (2 * CRASHES * per_visit))
+    return f"{point}@{rng.randint(1, latest)}"
+
+
 def _worker(
-    settings: Settings, group: str, crash_at: str | None, cwd: Path
+    settings: Settings, group: str, crash_at: str | None, cwd: Path, batch: int = 32
 ) -> subprocess.Popen[bytes]:
     env = process_env(
         settings,
         MATCHER_WORKER_GROUP=group,
+        MATCHER_WORKER_BATCH_MAX=str(batch),
         MATCHER_WORKER_SWEEP_INTERVAL_S="1",
         MATCHER_WORKER_COMMIT_INTERVAL_MS="100",
         MATCHER_WORKER_BACKOFF_S="0.05",
@@ -93,11 +103,9 @@ async def test_a_worker_killed_anywhere_advances_each_run_once(
             timeout=120, what="every resume published",
         )  # fmt: skip
     kills = 0
-    # Each worker dies within its first `latest` visits of the point: all the kills
-    # happen before the load is done, however many there are.
-    latest = max(1, RESUMES // (2 * CRASHES))
-    for _ in range(CRASHES):
-        worker = _worker(settings, group, f"{point}@{rng.randint(1, latest)}", tmp_path)
+    for kill in range(CRASHES):
+        batch = 1 if kill % 2 else 32  # one resume per transaction, then batches, in turn
+        worker = _worker(settings, group, _kill_at(point, rng, batch), tmp_path, batch)
         deadline = time.monotonic() + 60
         while worker.poll() is None and _effects(settings) < RESUMES:
             assert time.monotonic() < deadline, "the worker neither crashed nor finished"

@@ -1,17 +1,24 @@
-"""One attempt at one resume: in one transaction, advance the run (which verifies the
-resume) and, when this attempt is the one that advanced it, call the handler with that
-same transaction; then commit. Whatever the handler writes commits with the advance, or
-neither does (invariant 11): a crash before the commit leaves the resume to be handled
-again, a crash after it leaves nothing to redo.
+"""Attempts at resumes: in one transaction, advance each run (which verifies its resume)
+and, for each resume that advanced its run, call the handler with that same transaction;
+then commit. Whatever the handler writes commits with the advance, or neither does
+(invariant 11): a crash before the commit leaves the resumes to be handled again, a
+crash after it leaves nothing to redo.
+
+Several resumes (of distinct runs) may share one transaction, a batch: its commit and
+round trips are paid once. A batch that fails in any way (a handler raises, asks for a
+retry, times out; a refusal) is rolled back whole and each of its resumes attempted
+again alone, so that every outcome is a single resume's, as if there had been no batch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import cast
+from typing import Any, cast
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
@@ -20,7 +27,7 @@ from matcher.domain.resume import ResumeData
 from matcher.faults import crash_point
 from matcher.logs import describe_error
 from matcher.sdk.worker.handler import AsyncHandler, Handler, Retry, SyncHandler
-from matcher.store.worker_api import UNVERIFIED, UnverifiedResume, advance_in, advance_in_async
+from matcher.store.worker_api import UNVERIFIED, UnverifiedResume, advance_each, advance_each_async
 
 
 class Kind(StrEnum):
@@ -73,38 +80,115 @@ def is_async(handler: Handler) -> bool:
     )
 
 
-async def attempt_async(
-    pool: AsyncConnectionPool, handler: AsyncHandler, resume: ResumeData, timeout_s: float
-) -> Attempt:
+# How long each call of the handler took (seconds): what the batch size is tuned by.
+Timed = Callable[[float], None]
+
+
+def _message(resume: ResumeData) -> str:
+    if resume.message is None:  # the worker reads every resume from its message
+        raise UnverifiedResume(f"resume {resume.resolution_id} has no message")
+    return resume.message
+
+
+def _answer(status: str) -> Attempt:
+    if status == "advanced":
+        return Attempt(Kind.ADVANCED)
+    if status == "duplicate":
+        return Attempt(Kind.DUPLICATE)
+    return Attempt(Kind.NOT_READY, 1.0, _BEHIND)
+
+
+async def _handle_async(
+    handler: AsyncHandler, conn: Any, resume: ResumeData, timeout_s: float, timed: Timed
+) -> None:
+    began = time.monotonic()
+    async with asyncio.timeout(timeout_s):
+        await handler(conn, resume)
+    timed(time.monotonic() - began)
+    crash_point("worker.in_handler")
+
+
+def _handle_sync(handler: SyncHandler, conn: Any, resume: ResumeData, timed: Timed) -> None:
+    began = time.monotonic()
+    handler(conn, resume)
+    timed(time.monotonic() - began)
+    crash_point("worker.in_handler")
+
+
+async def _one_async(
+    pool: AsyncConnectionPool, handler: AsyncHandler, resume: ResumeData, timeout_s: float,
+    timed: Timed,
+) -> Attempt:  # fmt: skip
     try:
         async with pool.connection() as conn, conn.transaction():
             crash_point("worker.before_advance")
-            status = await advance_in_async(conn, resume)
+            [status] = await advance_each_async(conn, [_message(resume)])
             if status != "advanced":
                 raise _Undo(status)
-            async with asyncio.timeout(timeout_s):
-                await handler(conn, resume)
-            crash_point("worker.in_handler")
+            await _handle_async(handler, conn, resume, timeout_s, timed)
     except Exception as exc:  # the handler is user code: every failure is an outcome
         return _outcome(exc)
     crash_point("worker.after_commit")
     return Attempt(Kind.ADVANCED)
 
 
-def attempt_sync(pool: ConnectionPool, handler: SyncHandler, resume: ResumeData) -> Attempt:
-    """``attempt_async`` for a sync handler, run in a worker thread (not interrupted)."""
+async def attempt_async(
+    pool: AsyncConnectionPool,
+    handler: AsyncHandler,
+    resumes: list[ResumeData],
+    timeout_s: float,
+    timed: Timed,
+) -> list[Attempt]:
+    """Each resume's attempt, in one transaction when they are several (the handler
+    called for each that advanced its run), alone when that fails."""
+    if len(resumes) == 1:
+        return [await _one_async(pool, handler, resumes[0], timeout_s, timed)]
+    try:
+        async with pool.connection() as conn, conn.transaction():
+            crash_point("worker.before_advance")
+            statuses = await advance_each_async(conn, [_message(r) for r in resumes])
+            for resume, status in zip(resumes, statuses, strict=True):
+                if status == "advanced":
+                    await _handle_async(handler, conn, resume, timeout_s, timed)
+    except Exception:  # one resume's outcome: found by attempting each alone
+        return [await _one_async(pool, handler, r, timeout_s, timed) for r in resumes]
+    crash_point("worker.after_commit")
+    return [_answer(status) for status in statuses]
+
+
+def _one_sync(
+    pool: ConnectionPool, handler: SyncHandler, resume: ResumeData, timed: Timed
+) -> Attempt:
     try:
         with pool.connection() as conn, conn.transaction():
             crash_point("worker.before_advance")
-            status = advance_in(conn, resume)
+            [status] = advance_each(conn, [_message(resume)])
             if status != "advanced":
                 raise _Undo(status)
-            handler(conn, resume)
-            crash_point("worker.in_handler")
+            _handle_sync(handler, conn, resume, timed)
     except Exception as exc:  # the handler is user code: every failure is an outcome
         return _outcome(exc)
     crash_point("worker.after_commit")
     return Attempt(Kind.ADVANCED)
+
+
+def attempt_sync(
+    pool: ConnectionPool, handler: SyncHandler, resumes: list[ResumeData], timed: Timed
+) -> list[Attempt]:
+    """``attempt_async`` for a sync handler, run in a worker thread (not interrupted)."""
+    if len(resumes) == 1:
+        return [_one_sync(pool, handler, resumes[0], timed)]
+    try:
+        with pool.connection() as conn, conn.transaction():
+            crash_point("worker.before_advance")
+            statuses = advance_each(conn, [_message(r) for r in resumes])
+            for resume, status in zip(resumes, statuses, strict=True):
+                if status == "advanced":
+                    _handle_sync(handler, conn, resume, timed)
+    except Exception:  # one resume's outcome: found by attempting each alone
+        return [_one_sync(pool, handler, r, timed) for r in resumes]
+    crash_point("worker.after_commit")
+    return [_answer(status) for status in statuses]
 
 
 def as_async(handler: Handler) -> AsyncHandler:

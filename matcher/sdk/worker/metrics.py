@@ -28,8 +28,14 @@ for _outcome in OUTCOMES:
         RESUMES.labels(_outcome, _source)
 HANDLER_SECONDS = Histogram(
     "matcher_worker_handler_duration_seconds",
-    "One attempt: the advance, the handler and the commit, in one transaction.",
+    "One attempt: the advance, the handler and the commit, in one transaction (of its "
+    "batch, when resumes shared one).",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+BATCH_SIZE = Histogram(
+    "matcher_worker_batch_size",
+    "Resumes attempted in one transaction.",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000),
 )
 IN_FLIGHT = Gauge("matcher_worker_in_flight", "Attempts running now.")
 WAITING = Gauge(

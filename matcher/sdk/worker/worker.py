@@ -48,6 +48,7 @@ from matcher.sdk.worker.attempt import (
     attempt_sync,
     is_async,
 )
+from matcher.sdk.worker.batches import Batcher
 from matcher.sdk.worker.handler import Handler
 from matcher.sdk.worker.progress import PartitionOffsets
 from matcher.store.worker_api import (
@@ -107,7 +108,7 @@ class ResumeWorker:
         self._async = is_async(handler)
         self._settings = settings
         self._accept = accept
-        self._slots = asyncio.Semaphore(settings.worker_concurrency)
+        self._batcher: Batcher | None = None
         self._runs: dict[RunKey, deque[Work]] = {}
         self._drivers: set[asyncio.Task[None]] = set()
         self._offsets: dict[TopicPartition, PartitionOffsets] = {}
@@ -153,6 +154,10 @@ class ResumeWorker:
             await self._finish(consumer)
 
     async def _consume(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
+        s = self._settings
+        self._batcher = Batcher(
+            self._run_batch, s.worker_concurrency, s.worker_batch_max, self._stopping
+        )
         sweep = asyncio.create_task(self._sweep_every(stop), name="worker-sweep")
         committing = asyncio.create_task(self._commit_every(stop), name="worker-commits")
         watching = asyncio.create_task(self._watch(stop), name="worker-stop")
@@ -262,35 +267,34 @@ class ResumeWorker:
             del self._runs[key]
 
     async def _attempt(self, work: Work) -> Attempt | None:
-        """One attempt, when a slot is free; None when the worker stopped meanwhile."""
-        async with self._slots:
-            if self._stopping.is_set():
-                return None
-            tp = work.partition
-            running = asyncio.get_running_loop().create_future()
+        """One attempt, alone or in a batch (``Batcher``); None when the worker stopped
+        before it began."""
+        assert self._batcher is not None
+        tp = work.partition
+        running = asyncio.get_running_loop().create_future()
+        if tp is not None:
+            self._running.setdefault(tp, set()).add(running)
+        try:
+            return await self._batcher.attempt(work.resume)
+        finally:
+            running.set_result(None)
             if tp is not None:
-                self._running.setdefault(tp, set()).add(running)
-            metrics.IN_FLIGHT.inc()
-            began = time.monotonic()
-            try:
-                if self._async:
-                    assert self._pool is not None
-                    return await attempt_async(
-                        self._pool,
-                        as_async(self._handler),
-                        work.resume,
-                        self._settings.worker_handler_timeout_s,
-                    )
-                assert self._sync_pool is not None
-                return await asyncio.to_thread(
-                    attempt_sync, self._sync_pool, as_sync(self._handler), work.resume
-                )
-            finally:
-                metrics.HANDLER_SECONDS.observe(time.monotonic() - began)
-                metrics.IN_FLIGHT.dec()
-                running.set_result(None)
-                if tp is not None:
-                    self._running[tp].discard(running)
+                self._running[tp].discard(running)
+
+    async def _run_batch(self, resumes: list[ResumeData]) -> list[Attempt]:
+        """What the batcher's executors run: the attempts of a batch, in one transaction."""
+        assert self._batcher is not None
+        timed = self._batcher.timed
+        if self._async:
+            assert self._pool is not None
+            return await attempt_async(
+                self._pool, as_async(self._handler), resumes,
+                self._settings.worker_handler_timeout_s, timed,
+            )  # fmt: skip
+        assert self._sync_pool is not None
+        return await asyncio.to_thread(
+            attempt_sync, self._sync_pool, as_sync(self._handler), resumes, timed
+        )
 
     async def _settle(self, work: Work, result: Attempt) -> float | None:
         """Count and log ``result``; None when the resume is done with, else how long to
@@ -455,6 +459,8 @@ class ResumeWorker:
                 driver.cancel()  # its transaction rolls back: the resume comes again
             if running:
                 await asyncio.wait(running, timeout=5)
+        if self._batcher is not None:
+            await self._batcher.close()  # attempts still running roll back
         await self._commit(list(self._offsets))
         await stop_consumer(consumer, CALL_TIMEOUT_S)
         if self._pool is not None:

@@ -269,9 +269,10 @@ RETURN (
 );
 
 -- The resume's data when ``message`` is exactly (byte for byte) a resume matcher
--- committed, or, once its event has left the inbox, the message whose SHA-256 the relay
--- recorded as published. Anything else raises SQLSTATE MR001 (unverified resume): forged,
--- altered, addressed to another run, or not a resume at all.
+-- committed: the message whose SHA-256 the relay recorded when it published it, or, not
+-- published yet, the message rebuilt from the outbox, the wait and the event (once the
+-- event has left the inbox only the first can be checked). Anything else raises SQLSTATE
+-- MR001 (unverified resume): forged, altered, addressed to another run, or not a resume.
 CREATE FUNCTION matcher.verify_resume_v1(message text) RETURNS jsonb
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -290,6 +291,12 @@ BEGIN
         RAISE EXCEPTION 'matcher: not a resume matcher committed (not a resume message)'
             USING ERRCODE = 'MR001';
     END;
+    -- The common case, a published resume: one index lookup and a digest.
+    SELECT o.message_sha256 INTO published FROM matcher.outbox AS o
+    WHERE o.wait_id = the_wait AND o.resolution_id = the_resolution;
+    IF published IS NOT NULL AND sha256(convert_to(message, 'UTF8')) = published THEN
+        RETURN envelope -> 'data';
+    END IF;
     SELECT matcher.resume_message(o.resolution_id, o.outcome, w, i)::text,
            o.outcome = 'event' AND i.producer IS NULL, o.message_sha256
     INTO committed, event_gone, published

@@ -36,6 +36,13 @@ SELECT matcher.verify_resume_v1(%(message)s);
 -- name: advance
 SELECT matcher.advance_v1(%(message)s);
 
+-- name: advance_each
+-- The resume worker's batch: each message (of distinct runs) advanced in one statement,
+-- each answer by its place in the list. The list is sent in binary format: as text, every
+-- quote of every message would be escaped on the way.
+SELECT t.i, matcher.advance_v1(t.m)
+FROM unnest(%(messages)b::text[]) WITH ORDINALITY AS t(m, i);
+
 -- name: unadvanced_resolutions
 SELECT resolution_id, wait_id, tenant, run_id, "position", committed_at, message
 FROM matcher.unadvanced_resolutions_v1(
