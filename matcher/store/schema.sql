@@ -145,7 +145,12 @@ CREATE FUNCTION matcher.checked_ident(what text, value text) RETURNS text
     LANGUAGE plpgsql IMMUTABLE
     AS $$
 BEGIN
-    IF value IS NULL OR value !~ '\S' THEN
+    IF value IS NULL OR translate(
+        value,
+        E'\t\n\u000B\f\r\u001C\u001D\u001E\u001F \u0085\u00A0\u1680\u2000\u2001\u2002'
+        || E'\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200A\u2028\u2029\u202F\u205F\u3000',
+        ''
+    ) = '' THEN
         RAISE EXCEPTION 'matcher: % must be non-empty text', what USING ERRCODE = '22023';
     END IF;
     IF octet_length(value) > 512 THEN
@@ -187,7 +192,12 @@ BEGIN
     FOREACH t IN ARRAY event_types LOOP
         PERFORM matcher.checked_ident('an event type', t);
     END LOOP;
-    RETURN ARRAY(SELECT DISTINCT u FROM unnest(event_types) AS u ORDER BY u);
+    -- Sorted by code point (the C collation), as the Python SDK sorts them, whatever the
+    -- database's own collation.
+    RETURN ARRAY(
+        SELECT d.u FROM (SELECT DISTINCT u FROM unnest(event_types) AS u) AS d
+        ORDER BY d.u COLLATE "C"
+    );
 END $$;
 
 
@@ -833,6 +843,12 @@ BEGIN
         RAISE EXCEPTION 'matcher: not a resume matcher committed (not a resume message)'
             USING ERRCODE = 'MR001';
     END;
+    -- The common case, a published resume: one index lookup and a digest.
+    SELECT o.message_sha256 INTO published FROM matcher.outbox AS o
+    WHERE o.wait_id = the_wait AND o.resolution_id = the_resolution;
+    IF published IS NOT NULL AND sha256(convert_to(message, 'UTF8')) = published THEN
+        RETURN envelope -> 'data';
+    END IF;
     SELECT matcher.resume_message(o.resolution_id, o.outcome, w, i)::text,
            o.outcome = 'event' AND i.producer IS NULL, o.message_sha256
     INTO committed, event_gone, published
