@@ -201,9 +201,13 @@ def test_without_a_reading_the_results_say_there_was_no_warm_up(
     async def pipe_floor(env: object, rate: int, seconds: float) -> dict[str, Any]:
         return {"p50_ms": 0.5, "p99_ms": 1.0, "cpu_cores": {}}
 
+    async def worker_window(env: object, rate: int, seconds: float) -> dict[str, float]:
+        return {"handler_p50_ms": 1.0, "handler_p99_ms": 2.0}
+
     monkeypatch.setattr(run, "latency", window)
     monkeypatch.setattr(run, "kafka_latency", floor)
     monkeypatch.setattr(run, "pipe_latency", pipe_floor)
+    monkeypatch.setattr(run, "worker_latency", worker_window)
     env = SimpleNamespace(broker_jvm=None)
     results = run.Results(plan={}, machine={})
     plan = run.Plan(n=1, naive_n=1, reps=1, rates=[500], latency_s=1, scale=[0], dbos_n=1)
