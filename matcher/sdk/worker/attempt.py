@@ -80,6 +80,11 @@ def is_async(handler: Handler) -> bool:
     )
 
 
+# Beyond the handlers' own time, the most an attempt's transaction may take (a connection,
+# the advance, the commit): a database that stops answering fails the attempt, which is
+# then tried again, rather than holding the run for ever.
+DATABASE_BOUND_S = 30.0
+
 # How long each call of the handler took (seconds): what the batch size is tuned by.
 Timed = Callable[[float], None]
 
@@ -120,7 +125,11 @@ async def _one_async(
     timed: Timed,
 ) -> Attempt:  # fmt: skip
     try:
-        async with pool.connection() as conn, conn.transaction():
+        async with (
+            asyncio.timeout(timeout_s + DATABASE_BOUND_S),
+            pool.connection() as conn,
+            conn.transaction(),
+        ):
             crash_point("worker.before_advance")
             [status] = await advance_each_async(conn, [_message(resume)])
             if status != "advanced":
@@ -144,7 +153,11 @@ async def attempt_async(
     if len(resumes) == 1:
         return [await _one_async(pool, handler, resumes[0], timeout_s, timed)]
     try:
-        async with pool.connection() as conn, conn.transaction():
+        async with (
+            asyncio.timeout(timeout_s * len(resumes) + DATABASE_BOUND_S),
+            pool.connection() as conn,
+            conn.transaction(),
+        ):
             crash_point("worker.before_advance")
             statuses = await advance_each_async(conn, [_message(r) for r in resumes])
             for resume, status in zip(resumes, statuses, strict=True):

@@ -335,7 +335,7 @@ class ResumeWorker:
     ) -> float | None:
         assert self._pool is not None
         try:
-            async with self._pool.connection() as conn:
+            async with asyncio.timeout(CALL_TIMEOUT_S), self._pool.connection() as conn:
                 attempts, parked = await call_async(
                     conn, record_failure_call(work.resume, error, max_attempts)
                 )
@@ -434,7 +434,7 @@ class ResumeWorker:
                 committed_before=now - _seconds(s.worker_sweep_after_s),
                 committed_after=now - s.worker_sweep_window, max_rows=SWEEP_ROWS,
             )  # fmt: skip
-            async with self._pool.connection() as conn:
+            async with asyncio.timeout(CALL_TIMEOUT_S), self._pool.connection() as conn:
                 rows = await unadvanced_async(conn, params)
             for row in rows:
                 resume = row.resume
