@@ -28,6 +28,8 @@ POINTS = (
     "worker.before_advance",  # a resume worker's transaction begun, the run not advanced
     "worker.in_handler",  # advanced and the handler's writes done, not committed
     "worker.after_commit",  # committed, the resume's offset not committed
+    "langgraph.after_advance",  # the LangGraph resumer: advanced, the graph not resumed
+    "langgraph.after_invoke",  # the graph resumed, its checkpoints written, not committed
 )
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from psycopg.rows import dict_row, tuple_row
 
 from matcher.domain.launches import Answer, Found, Launch, LaunchSpec, NotFound, Unknown
+from matcher.store.locks import hold, hold_async
 from matcher.store.sql import query
 from matcher.store.waits import cancel_wait
 from matcher.store.worker_api import (
@@ -45,6 +46,37 @@ def record_launch(conn: Conn, spec: LaunchSpec) -> Launch:
 async def record_launch_async(conn: AsyncConn, spec: LaunchSpec) -> Launch:
     """``record_launch`` for asyncio workers."""
     return await call_async(conn, record_launch_call(spec))
+
+
+def claim_launch(conn: Conn, spec: LaunchSpec) -> tuple[Launch, bool]:
+    """``record_launch``, and whether this call recorded it (True) or found it recorded
+    before (False): the caller that gets True is the one that calls the external system,
+    so that it is called at most once per launch even by concurrent callers. Commits (a
+    savepoint inside the caller's transaction): the intent must be stored before the
+    call it stands for."""
+    with conn.transaction():
+        hold(conn, f"matcher.launch:{spec.tenant}\x1f{spec.key()}")
+        with conn.cursor(row_factory=dict_row) as cur:
+            row = cur.execute(
+                query("launches", "by_key"), {"tenant": spec.tenant, "key": spec.key()}
+            ).fetchone()
+        if row is not None:
+            return Launch.model_validate(row), False
+        return record_launch(conn, spec), True
+
+
+async def claim_launch_async(conn: AsyncConn, spec: LaunchSpec) -> tuple[Launch, bool]:
+    """``claim_launch`` for asyncio workers."""
+    async with conn.transaction():
+        await hold_async(conn, f"matcher.launch:{spec.tenant}\x1f{spec.key()}")
+        async with conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(
+                query("launches", "by_key"), {"tenant": spec.tenant, "key": spec.key()}
+            )
+            row = await cur.fetchone()
+        if row is not None:
+            return Launch.model_validate(row), False
+        return await record_launch_async(conn, spec), True
 
 
 def record_job_id(conn: Conn, launch_id: uuid.UUID | str, external_job_id: str) -> bool:

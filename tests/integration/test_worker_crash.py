@@ -12,12 +12,9 @@ the kills per point (`make campaign` raises it), ``MATCHER_TEST_WORKER_RESUMES``
 
 from __future__ import annotations
 
-import asyncio
 import random
 import re
 import subprocess
-import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -27,8 +24,9 @@ from matcher.config import Settings
 from tests.support.assertions import env_flag, eventually
 from tests.support.db import db, register_waits, rows, scalar
 from tests.support.kafka import produce
-from tests.support.processes import process_env, running_daemon
+from tests.support.processes import running_daemon
 from tests.support.records import event
+from tests.support.worker import killed_at_its_point, worker_process
 
 CRASHES = env_flag("MATCHER_TEST_WORKER_CRASHES", 3)
 RESUMES = env_flag("MATCHER_TEST_WORKER_RESUMES", 1000)
@@ -63,20 +61,9 @@ def _kill_at(point: str, rng: random.Random, batch: int) -> str:
 def _worker(
     settings: Settings, group: str, crash_at: str | None, cwd: Path, batch: int = 32
 ) -> subprocess.Popen[bytes]:
-    env = process_env(
-        settings,
-        MATCHER_WORKER_GROUP=group,
-        MATCHER_WORKER_BATCH_MAX=str(batch),
-        MATCHER_WORKER_SWEEP_INTERVAL_S="1",
-        MATCHER_WORKER_COMMIT_INTERVAL_MS="100",
-        MATCHER_WORKER_BACKOFF_S="0.05",
+    return worker_process(
+        settings, "app:handle", group, crash_at, cwd, MATCHER_WORKER_BATCH_MAX=str(batch)
     )
-    if crash_at is not None:
-        env["MATCHER_TEST_CRASH_AT"] = crash_at
-    return subprocess.Popen(
-        [sys.executable, "-m", "matcher", "worker", "--handler", "app:handle"],
-        env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
 
 
 def _effects(settings: Settings) -> int:
@@ -106,16 +93,7 @@ async def test_a_worker_killed_anywhere_advances_each_run_once(
     for kill in range(CRASHES):
         batch = 1 if kill % 2 else 32  # one resume per transaction, then batches, in turn
         worker = _worker(settings, group, _kill_at(point, rng, batch), tmp_path, batch)
-        deadline = time.monotonic() + 60
-        while worker.poll() is None and _effects(settings) < RESUMES:
-            assert time.monotonic() < deadline, "the worker neither crashed nor finished"
-            await asyncio.sleep(0.05)  # polling a process: a condition with a deadline
-        if worker.poll() is None:
-            worker.terminate()
-            worker.wait(30)
-        else:
-            assert worker.returncode == -9, worker.returncode  # killed at the point
-            kills += 1
+        kills += await killed_at_its_point(worker, lambda: _effects(settings) >= RESUMES)
     assert kills == CRASHES, f"{kills} of {CRASHES} kills happened"
     last = _worker(settings, group, None, tmp_path)
     try:

@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 from matcher.config import Settings, WorkerSettings
 from matcher.domain.resume import ResumeData
 from matcher.sdk.worker import Handler, ResumeWorker
 from tests.support.assertions import eventually
+from tests.support.processes import process_env
 
 QUICK: dict[str, Any] = {
     "worker_backoff_s": 0.05,
@@ -56,3 +61,46 @@ async def running_worker(
     finally:
         stop.set()
         await asyncio.wait_for(task, 60)
+
+
+def worker_process(
+    settings: Settings,
+    handler: str,
+    group: str,
+    crash_at: str | None,
+    cwd: Path,
+    **env: str,
+) -> subprocess.Popen[bytes]:
+    """``matcher worker --handler HANDLER`` as a process of group ``group``, quick to sweep
+    and commit, armed to die by SIGKILL at ``crash_at`` (``point@visit``) when given."""
+    environ = process_env(
+        settings,
+        MATCHER_WORKER_GROUP=group,
+        MATCHER_WORKER_SWEEP_INTERVAL_S="1",
+        MATCHER_WORKER_COMMIT_INTERVAL_MS="100",
+        MATCHER_WORKER_BACKOFF_S="0.05",
+        **env,
+    )
+    if crash_at is not None:
+        environ["MATCHER_TEST_CRASH_AT"] = crash_at
+    return subprocess.Popen(
+        [sys.executable, "-m", "matcher", "worker", "--handler", handler],
+        env=environ, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+async def killed_at_its_point(
+    worker: subprocess.Popen[bytes], finished: Callable[[], bool], limit_s: float = 60
+) -> bool:
+    """Whether ``worker`` died at its crash point (SIGKILL) before ``finished()``; a worker
+    that finished the load first is stopped. Fails past ``limit_s``."""
+    deadline = time.monotonic() + limit_s
+    while worker.poll() is None and not finished():
+        assert time.monotonic() < deadline, "the worker neither crashed nor finished"
+        await asyncio.sleep(0.05)  # polling a process: a condition with a deadline
+    if worker.poll() is None:
+        worker.terminate()
+        worker.wait(30)
+        return False
+    assert worker.returncode == -9, worker.returncode  # killed at the point
+    return True

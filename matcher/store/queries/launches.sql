@@ -35,3 +35,6 @@ VALUES (%(id)s, %(actor)s, %(answer)s, %(external_job_id)s, %(detail)s);
 -- name: audit_of
 SELECT at, actor, answer, external_job_id, detail FROM matcher.launch_audit
 WHERE launch_id = %(id)s ORDER BY id;
+
+-- name: by_key
+SELECT * FROM matcher.launches WHERE tenant = %(tenant)s AND idempotency_key = %(key)s;
