@@ -30,6 +30,7 @@ POINTS = (
     "worker.after_commit",  # committed, the resume's offset not committed
     "langgraph.after_advance",  # the LangGraph resumer: advanced, the graph not resumed
     "langgraph.after_invoke",  # the graph resumed, its checkpoints written, not committed
+    "agent.after_run",  # a Pydantic AI run continued, its history not yet stored
 )
 
 

@@ -900,6 +900,24 @@ $$;
 
 
 --
+-- Name: agent_runs; Type: TABLE; Schema: matcher; Owner: -
+--
+
+CREATE TABLE matcher.agent_runs (
+    tenant text NOT NULL,
+    conversation text NOT NULL,
+    history jsonb NOT NULL,
+    pending jsonb NOT NULL,
+    results jsonb DEFAULT '{}'::jsonb NOT NULL,
+    output jsonb,
+    state text DEFAULT 'waiting'::text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT agent_runs_state_check CHECK ((state = ANY (ARRAY['waiting'::text, 'done'::text])))
+);
+
+
+--
 -- Name: console_sessions; Type: TABLE; Schema: matcher; Owner: -
 --
 
@@ -1033,6 +1051,14 @@ ALTER TABLE matcher.quarantine ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY 
     NO MAXVALUE
     CACHE 1
 );
+
+
+--
+-- Name: agent_runs agent_runs_pkey; Type: CONSTRAINT; Schema: matcher; Owner: -
+--
+
+ALTER TABLE ONLY matcher.agent_runs
+    ADD CONSTRAINT agent_runs_pkey PRIMARY KEY (tenant, conversation);
 
 
 --
