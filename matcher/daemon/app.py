@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from aiokafka.admin import AIOKafkaAdminClient
 from psycopg_pool import AsyncConnectionPool
 
-from matcher import metrics
+from matcher import metrics, tracing
 from matcher.admin.server import AdminServer
 from matcher.admin.state import AdminState
 from matcher.auth.registry import RegistryError
@@ -247,6 +247,7 @@ async def run(
     """Run until ``stop`` is set or (with ``handle_signals``) SIGTERM/SIGINT arrives."""
     stop = stop or asyncio.Event()
     _refuse_unauthenticated(settings)
+    tracing.configure_from_env()
     with _stop_on_signals(stop, handle_signals):
         pool = await _open_pool(settings)
         try:

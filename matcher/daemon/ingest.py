@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Sequence
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 from psycopg_pool import AsyncConnectionPool
 
-from matcher import metrics
+from matcher import metrics, tracing
 from matcher.auth.registry_watch import RegistryHolder
 from matcher.config import Settings
 from matcher.daemon.batch_writer import BatchWriter
@@ -30,6 +31,7 @@ from matcher.daemon.ingest_report import IngestReport
 from matcher.daemon.intake import Intake
 from matcher.domain.quarantine import QuarantineLimits
 from matcher.domain.records import IngestRecord
+from matcher.domain.trace_context import trace_parent
 from matcher.faults import crash_point
 from matcher.kafka import codecs
 from matcher.kafka.commits import OffsetCommitter
@@ -37,6 +39,7 @@ from matcher.kafka.dead_letters import DeadLetters
 from matcher.kafka.deadlines import start_consumer, stop_consumer
 from matcher.kafka.fetch import Batch, SafeFetcher
 from matcher.kafka.fetch_wait import FlowFetchWait
+from matcher.store.ingest import BatchResult
 
 log = logging.getLogger("matcher.ingest")
 
@@ -219,9 +222,12 @@ class Ingest:
         records: list[IngestRecord],
     ) -> None:
         metrics.BATCH_SIZE.observe(len(records))
+        began_ns = time.time_ns()
         with metrics.BATCH_SECONDS.time():
             result = await self.writer.store(records)
         crash_point("ingest.after_db_commit")
+        if tracing.enabled():
+            _trace_batch(records, result, began_ns)
         if result.matched:
             self._on_resolved()
         await self._report.report(records, result)
@@ -260,3 +266,14 @@ class Ingest:
                 except (KafkaError, TimeoutError):
                     continue  # measured next time
             metrics.CONSUMER_LAG.labels(str(tp.partition)).set(max(0, end - done))
+
+
+def _trace_batch(records: Sequence[IngestRecord], result: BatchResult, began_ns: int) -> None:
+    """The batch's span (its own trace), linked to the trace of each event that had one."""
+    links = [found for found in (tracing.link(trace_parent(r.headers)) for r in records) if found]
+    attributes = {
+        "matcher.events": len(records), "matcher.accepted": result.accepted,
+        "matcher.matched": result.matched, "matcher.duplicates": result.duplicates,
+        "matcher.quarantined": result.quarantined,
+    }  # fmt: skip
+    tracing.record_span("matcher.ingest batch", None, began_ns, time.time_ns(), attributes, links)

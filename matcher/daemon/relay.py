@@ -29,7 +29,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from psycopg.rows import args_row
 from psycopg_pool import AsyncConnectionPool
 
-from matcher import metrics
+from matcher import metrics, tracing
 from matcher.config import Settings
 from matcher.daemon.periodic import pause
 from matcher.faults import crash_point
@@ -172,6 +172,7 @@ class Relay:
             if not rows:
                 return 0
             crash_point("relay.before_publish")
+            began_ns = time.time_ns()
             # Bounded: a TimeoutError rolls the claim back, and run() rebuilds the producer.
             async with asyncio.timeout(self._call_timeout_s):
                 # Keyed by run id, in outbox order, so one run's resumes keep their order.
@@ -186,6 +187,20 @@ class Relay:
                 )
             crash_point("relay.after_publish")
             await outbox.mark_published(cur, rows)
+        if tracing.enabled():
+            _trace_publication(rows, began_ns, topic)
         self.published += len(rows)
         _observe(rows)
         return len(rows)
+
+
+def _trace_publication(rows: list[Any], began_ns: int, topic: str) -> None:
+    """A span per published resume whose event had a trace context: its child."""
+    ended_ns = time.time_ns()
+    for row in rows:
+        traceparent = tracing.message_traceparent(row.message)
+        if traceparent is not None:
+            tracing.record_span(
+                "matcher.resume publish", traceparent, began_ns, ended_ns,
+                {"matcher.run_id": row.run_id, "messaging.destination.name": topic},
+            )  # fmt: skip

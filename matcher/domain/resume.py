@@ -10,6 +10,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
+from matcher.domain.trace_context import valid
 from matcher.domain.waits import Outcome
 
 RESUME_TYPE: Final = "matcher.resume"
@@ -43,6 +44,7 @@ class ResumeData(BaseModel):
     # published even once its event has left the inbox.
     _message: str | None = PrivateAttr(default=None)
     _message_sha256: bytes | None = PrivateAttr(default=None)
+    _traceparent: str | None = PrivateAttr(default=None)
 
     @property
     def message(self) -> str | None:
@@ -51,6 +53,12 @@ class ResumeData(BaseModel):
     @property
     def message_sha256(self) -> bytes | None:
         return self._message_sha256
+
+    @property
+    def traceparent(self) -> str | None:
+        """The W3C trace context of the event that resolved the wait (from the message's
+        envelope), when it came with one: the parent of the worker's span."""
+        return self._traceparent
 
     def __eq__(self, other: object) -> bool:
         # Equal resumes are equal whatever message (if any) they were read from.
@@ -97,6 +105,9 @@ def read_resume(value: bytes | str) -> ResumeData:
         raise NotAResume(f"its data is not a resume: {str(exc).splitlines()[0]}") from exc
     resume._message = text
     resume._message_sha256 = hashlib.sha256(raw).digest()
+    traceparent = envelope.get("traceparent")
+    if isinstance(traceparent, str) and valid(traceparent):
+        resume._traceparent = traceparent
     return resume
 
 
@@ -113,10 +124,13 @@ class ResumeCloudEvent(BaseModel):
     time: datetime  # when the wait was resolved
     datacontenttype: Literal["application/json"] = "application/json"
     tenant: str
+    # The event's W3C trace context (the CloudEvents distributed-tracing extension): in
+    # the message only when the event came with one.
+    traceparent: str | None = None
     data: ResumeData
 
 
-def resume_message(data: ResumeData) -> bytes:
+def resume_message(data: ResumeData, traceparent: str | None = None) -> bytes:
     """The structured-mode JSON CloudEvent carrying ``data``, as the bytes to publish.
 
     The relay does not call this: its claim query builds the same JSON in Postgres, and
@@ -129,8 +143,9 @@ def resume_message(data: ResumeData) -> bytes:
             subject=data.run_id,
             time=data.resolved_at,
             tenant=data.tenant,
+            traceparent=traceparent,
             data=data,
         )
-        .model_dump_json()
+        .model_dump_json(exclude=None if traceparent else {"traceparent"})
         .encode()
     )

@@ -11,7 +11,9 @@ construction, and trust nothing in between:
 - a plain-webhook producer's request keeps its body bytes and its scheme's signature
   headers, and gains ``matcher_webhook: <producer>``; GitHub's unsigned
   ``x-github-delivery`` and ``x-github-event`` go along for operators to read (the gate
-  does not).
+  does not);
+- a W3C ``traceparent`` goes along too, for the trace from the sender to the resumed run
+  (never judged, never authority).
 
 Every other header is dropped. An HTTP header that another hop could take for one of
 these (``ce_id``, ``webhook_signature``: proxies differ on underscores) is refused as
@@ -64,7 +66,9 @@ STATUS = {
 }
 
 _CE_HTTP_PREFIX = b"ce-"
-_INFORMATIONAL = (b"x-github-delivery", b"x-github-event")
+# Read by operators (GitHub's), or kept beside the event, never judged: the W3C trace
+# context (matcher.domain.trace_context).
+_INFORMATIONAL = (b"x-github-delivery", b"x-github-event", b"traceparent")
 _COPIED = frozenset({CONTENT_TYPE, *WEBHOOK_HEADERS, GITHUB_SIGNATURE, STRIPE_SIGNATURE})
 # What an underscore spelling could be taken for by a proxy that maps '_' to '-'.
 _READ_FOLDED = frozenset(

@@ -33,6 +33,7 @@ from pydantic_ai import Agent, CallDeferred, DeferredToolRequests, DeferredToolR
 from pydantic_ai.agent import AgentRunResult
 from pydantic_ai.messages import ModelMessagesTypeAdapter
 
+from matcher import tracing
 from matcher.domain.launches import Launch, LaunchSpec
 from matcher.domain.resume import ResumeData
 from matcher.domain.waits import WaitSpec
@@ -246,12 +247,15 @@ class AgentResumer:
         history: Any,
         results: dict[str, Any],
     ) -> None:
-        result = await self.agent.run(
-            message_history=ModelMessagesTypeAdapter.validate_python(history),
-            deferred_tool_results=DeferredToolResults(calls=results),
-            conversation_id=conversation,
-            deps=None if self._deps is None else self._deps(conversation),
-        )
+        with tracing.span(
+            "pydantic_ai.continue", attributes={"matcher.conversation": conversation}
+        ):
+            result = await self.agent.run(
+                message_history=ModelMessagesTypeAdapter.validate_python(history),
+                deferred_tool_results=DeferredToolResults(calls=results),
+                conversation_id=conversation,
+                deps=None if self._deps is None else self._deps(conversation),
+            )
         crash_point("agent.after_run")
         if isinstance(result.output, DeferredToolRequests):
             await self.waits.park(tx, result)

@@ -28,6 +28,7 @@ from matcher.domain.quarantine import (
     summary_text,
 )
 from matcher.domain.records import IngestRecord
+from matcher.domain.trace_context import trace_parent
 from matcher.store.pipelined import one_round_trip
 from matcher.store.sql import query
 
@@ -56,7 +57,7 @@ class BatchResult:
 
 _EVENT_COLUMNS = (
     "producer event_id tenant type correlation_id external_job_id occurred_at topic "
-    "partition offset data"
+    "partition offset data trace_parent"
 ).split()
 
 
@@ -77,6 +78,7 @@ def _event_params(records: Sequence[IngestRecord]) -> dict[str, list[Any]]:
         columns["partition"].append(record.partition)
         columns["offset"].append(record.offset)
         columns["data"].append(Jsonb(event.data))
+        columns["trace_parent"].append(trace_parent(record.headers))
     return columns
 
 

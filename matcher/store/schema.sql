@@ -233,6 +233,7 @@ CREATE TABLE matcher.inbox (
     consumed_by uuid,
     late_for uuid,
     status_at timestamp with time zone DEFAULT now() NOT NULL,
+    trace_parent text,
     CONSTRAINT inbox_status_check1 CHECK ((status = ANY (ARRAY['pending'::text, 'consumed'::text, 'late'::text, 'expired'::text])))
 )
 PARTITION BY RANGE (received_at);
@@ -269,12 +270,21 @@ CREATE TABLE matcher.waits (
 
 
 --
+-- Name: resume_data(uuid, text, matcher.waits, matcher.inbox); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.resume_data(resolution_id uuid, outcome text, w matcher.waits, i matcher.inbox) RETURNS json
+    LANGUAGE sql STABLE PARALLEL SAFE
+    RETURN json_build_object('resolution_id', resolution_id, 'tenant', (w).tenant, 'run_id', (w).run_id, 'position', (w)."position", 'outcome', outcome, 'wait_id', (w).id, 'correlation_id', (w).correlation_id, 'event_types', (w).event_types, 'event', CASE WHEN (outcome = 'event'::text) THEN json_build_object('source', (w).resolved_by_producer, 'id', (w).resolved_by_event_id, 'type', COALESCE((i).type, ''::text), 'data', (i).data, 'external_job_id', (i).external_job_id, 'occurred_at', matcher.rfc3339((i).occurred_at), 'topic', (i).kafka_topic, 'partition', (i).kafka_partition, 'offset', (i).kafka_offset, 'received_at', matcher.rfc3339(COALESCE((i).received_at, (w).resolved_at))) ELSE NULL::json END, 'created_at', matcher.rfc3339((w).created_at), 'resolved_at', matcher.rfc3339((w).resolved_at), 'deadline', matcher.rfc3339((w).deadline));
+
+
+--
 -- Name: resume_message(uuid, text, matcher.waits, matcher.inbox); Type: FUNCTION; Schema: matcher; Owner: -
 --
 
 CREATE FUNCTION matcher.resume_message(resolution_id uuid, outcome text, w matcher.waits, i matcher.inbox) RETURNS json
     LANGUAGE sql STABLE PARALLEL SAFE
-    RETURN json_build_object('specversion', '1.0', 'id', resolution_id, 'source', 'matcher', 'type', 'matcher.resume', 'subject', (w).run_id, 'time', matcher.rfc3339((w).resolved_at), 'datacontenttype', 'application/json', 'tenant', (w).tenant, 'data', json_build_object('resolution_id', resolution_id, 'tenant', (w).tenant, 'run_id', (w).run_id, 'position', (w)."position", 'outcome', outcome, 'wait_id', (w).id, 'correlation_id', (w).correlation_id, 'event_types', (w).event_types, 'event', CASE WHEN (outcome = 'event'::text) THEN json_build_object('source', (w).resolved_by_producer, 'id', (w).resolved_by_event_id, 'type', COALESCE((i).type, ''::text), 'data', (i).data, 'external_job_id', (i).external_job_id, 'occurred_at', matcher.rfc3339((i).occurred_at), 'topic', (i).kafka_topic, 'partition', (i).kafka_partition, 'offset', (i).kafka_offset, 'received_at', matcher.rfc3339(COALESCE((i).received_at, (w).resolved_at))) ELSE NULL::json END, 'created_at', matcher.rfc3339((w).created_at), 'resolved_at', matcher.rfc3339((w).resolved_at), 'deadline', matcher.rfc3339((w).deadline)));
+    RETURN CASE WHEN ((i).trace_parent IS NULL) THEN json_build_object('specversion', '1.0', 'id', resolution_id, 'source', 'matcher', 'type', 'matcher.resume', 'subject', (w).run_id, 'time', matcher.rfc3339((w).resolved_at), 'datacontenttype', 'application/json', 'tenant', (w).tenant, 'data', matcher.resume_data(resolution_id, outcome, w, i)) ELSE json_build_object('specversion', '1.0', 'id', resolution_id, 'source', 'matcher', 'type', 'matcher.resume', 'subject', (w).run_id, 'time', matcher.rfc3339((w).resolved_at), 'datacontenttype', 'application/json', 'tenant', (w).tenant, 'traceparent', (i).trace_parent, 'data', matcher.resume_data(resolution_id, outcome, w, i)) END;
 
 
 --
@@ -393,10 +403,10 @@ CREATE FUNCTION matcher.get_wait_v1(wait_id uuid) RETURNS jsonb
 
 
 --
--- Name: ingest_events(text[], text[], text[], text[], text[], text[], timestamp with time zone[], text[], integer[], bigint[], jsonb[]); Type: FUNCTION; Schema: matcher; Owner: -
+-- Name: ingest_events(text[], text[], text[], text[], text[], text[], timestamp with time zone[], text[], integer[], bigint[], jsonb[], text[]); Type: FUNCTION; Schema: matcher; Owner: -
 --
 
-CREATE FUNCTION matcher.ingest_events(producers text[], event_ids text[], tenants text[], types text[], correlation_ids text[], external_job_ids text[], occurred_at timestamp with time zone[], topics text[], partitions integer[], offsets bigint[], data jsonb[], OUT accepted bigint, OUT duplicates bigint, OUT matched bigint, OUT late bigint, OUT deferred bigint) RETURNS record
+CREATE FUNCTION matcher.ingest_events(producers text[], event_ids text[], tenants text[], types text[], correlation_ids text[], external_job_ids text[], occurred_at timestamp with time zone[], topics text[], partitions integer[], offsets bigint[], data jsonb[], trace_parents text[], OUT accepted bigint, OUT duplicates bigint, OUT matched bigint, OUT late bigint, OUT deferred bigint) RETURNS record
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
@@ -521,22 +531,23 @@ BEGIN
     WITH stored AS (
         INSERT INTO matcher.inbox (
             producer, event_id, tenant, type, correlation_id, external_job_id, occurred_at,
-            kafka_topic, kafka_partition, kafka_offset, data, status, consumed_by, late_for
+            kafka_topic, kafka_partition, kafka_offset, data, status, consumed_by, late_for,
+            trace_parent
         )
         SELECT b.producer, b.event_id, b.tenant, b.type, b.correlation_id, b.external_job_id,
                b.occurred_at, b.topic, b.kafka_partition, b.kafka_offset, b.data,
                CASE WHEN resolves[b.n] IS NOT NULL THEN 'consumed'
                     WHEN too_late_for[b.n] IS NOT NULL THEN 'late'
                     ELSE 'pending' END,
-               resolves[b.n], too_late_for[b.n]
+               resolves[b.n], too_late_for[b.n], b.trace_parent
         FROM unnest(
             ingest_events.producers, ingest_events.event_ids, ingest_events.tenants,
             ingest_events.types, ingest_events.correlation_ids, ingest_events.external_job_ids,
             ingest_events.occurred_at, ingest_events.topics, ingest_events.partitions,
-            ingest_events.offsets, ingest_events.data
+            ingest_events.offsets, ingest_events.data, ingest_events.trace_parents
         ) WITH ORDINALITY AS b(producer, event_id, tenant, type, correlation_id,
                                external_job_id, occurred_at, topic, kafka_partition,
-                               kafka_offset, data, n)
+                               kafka_offset, data, trace_parent, n)
         WHERE fresh[b.n]
         ON CONFLICT DO NOTHING
         RETURNING 1

@@ -24,6 +24,7 @@ from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.pregel import Pregel
 from langgraph.types import Command, StateSnapshot
 
+from matcher import tracing
 from matcher.domain.resume import ResumeData
 from matcher.faults import crash_point
 from matcher.integrations.langgraph.keys import thread_of
@@ -115,6 +116,10 @@ class _Base:
         return Retry(after=self._not_ready_after_s, reason=f"{reason} (thread {thread!r})")
 
 
+def _attributes(thread: str, interrupt_id: str) -> dict[str, str]:
+    return {"langgraph.thread_id": thread, "langgraph.interrupt_id": interrupt_id}
+
+
 def _lock_name(thread: str) -> str:
     return f"matcher.langgraph:{thread}"
 
@@ -137,7 +142,8 @@ class GraphResumer(_Base):
         if interrupt_id is None:
             raise self._not_ready(thread, state)
         value = resume.model_dump(mode="json")
-        await graph.ainvoke(Command(resume={interrupt_id: value}), config, durability="sync")
+        with tracing.span("langgraph.resume", attributes=_attributes(thread, interrupt_id)):
+            await graph.ainvoke(Command(resume={interrupt_id: value}), config, durability="sync")
         crash_point("langgraph.after_invoke")
 
 
@@ -156,5 +162,6 @@ class SyncGraphResumer(_Base):
         if interrupt_id is None:
             raise self._not_ready(thread, state)
         value = resume.model_dump(mode="json")
-        graph.invoke(Command(resume={interrupt_id: value}), config, durability="sync")
+        with tracing.span("langgraph.resume", attributes=_attributes(thread, interrupt_id)):
+            graph.invoke(Command(resume={interrupt_id: value}), config, durability="sync")
         crash_point("langgraph.after_invoke")

@@ -16,6 +16,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, cast
@@ -23,6 +24,7 @@ from typing import Any, cast
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
+from matcher import tracing
 from matcher.domain.resume import ResumeData
 from matcher.faults import crash_point
 from matcher.logs import describe_error
@@ -103,19 +105,33 @@ def _answer(status: str) -> Attempt:
     return Attempt(Kind.NOT_READY, 1.0, _BEHIND)
 
 
+def _span(resume: ResumeData) -> AbstractContextManager[Any]:
+    """The handling's span, a child of the event's (no span at all when tracing is off)."""
+    if not tracing.enabled():
+        return nullcontext()
+    attributes = {
+        "matcher.run_id": resume.run_id, "matcher.tenant": resume.tenant,
+        "matcher.wait_id": str(resume.wait_id), "matcher.resolution_id": str(resume.resolution_id),
+        "matcher.outcome": str(resume.outcome),
+    }  # fmt: skip
+    return tracing.span("matcher.resume handle", resume.traceparent, attributes)
+
+
 async def _handle_async(
     handler: AsyncHandler, conn: Any, resume: ResumeData, timeout_s: float, timed: Timed
 ) -> None:
     began = time.monotonic()
-    async with asyncio.timeout(timeout_s):
-        await handler(conn, resume)
+    with _span(resume):
+        async with asyncio.timeout(timeout_s):
+            await handler(conn, resume)
     timed(time.monotonic() - began)
     crash_point("worker.in_handler")
 
 
 def _handle_sync(handler: SyncHandler, conn: Any, resume: ResumeData, timed: Timed) -> None:
     began = time.monotonic()
-    handler(conn, resume)
+    with _span(resume):
+        handler(conn, resume)
     timed(time.monotonic() - began)
     crash_point("worker.in_handler")
 

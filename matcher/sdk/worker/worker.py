@@ -35,6 +35,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
+from matcher import tracing
 from matcher.config import WorkerSettings
 from matcher.domain.resume import NotAResume, ResumeData, read_resume
 from matcher.kafka.deadlines import start_consumer, stop_consumer
@@ -126,6 +127,7 @@ class ResumeWorker:
     # --- the loop -------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
+        tracing.configure_from_env()
         s = self._settings
         url = s.database_url.get_secret_value()
         self._pool = AsyncConnectionPool(

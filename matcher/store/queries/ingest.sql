@@ -5,7 +5,8 @@ SELECT accepted, duplicates, matched, late, deferred
 FROM matcher.ingest_events(
     %(producer)b::text[], %(event_id)b::text[], %(tenant)b::text[], %(type)b::text[],
     %(correlation_id)b::text[], %(external_job_id)b::text[], %(occurred_at)b::timestamptz[],
-    %(topic)b::text[], %(partition)b::integer[], %(offset)b::bigint[], %(data)b::jsonb[]
+    %(topic)b::text[], %(partition)b::integer[], %(offset)b::bigint[], %(data)b::jsonb[],
+    %(trace_parent)b::text[]
 );
 
 -- name: quarantine
