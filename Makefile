@@ -109,6 +109,8 @@ campaign: install ## Long fuzz/crash/fault/race campaign (an hour or more; not p
 	  $(BIN)/pytest -q tests/integration/test_adversary.py -k daemon_was_down && \
 	MATCHER_TEST_CRASH_ITERATIONS=$(CRASH_ITERATIONS) $(BIN)/pytest -q tests/integration/test_crash.py && \
 	MATCHER_TEST_WORKER_CRASHES=$(WORKER_CRASHES) $(BIN)/pytest -q tests/integration/test_worker_crash.py && \
+	MATCHER_TEST_LANGGRAPH_CRASHES=10 MATCHER_TEST_LANGGRAPH_THREADS=200 \
+	  $(BIN)/pytest -q tests/integration/test_langgraph_crash.py && \
 	MATCHER_TEST_RACE_ROUNDS=300 MATCHER_TEST_PAIRS=5000 $(BIN)/pytest -q tests/integration/test_concurrency.py && \
 	MATCHER_TEST_STATEFUL_EXAMPLES=1000 $(BIN)/pytest -q tests/integration/test_stateful.py && \
 	for round in $$(seq $(FAULT_ROUNDS)); do \
