@@ -288,6 +288,7 @@ def _batch_params(ids: list[tuple[str, str]], keys: list[tuple[str, str]]) -> di
         "partition": [0] * count,
         "offset": list(range(count)),
         "data": [Jsonb({})] * count,
+        "trace_parent": [None] * count,
     }
 
 
