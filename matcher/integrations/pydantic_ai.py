@@ -23,9 +23,8 @@ what ended the wait: ``{"outcome": "event", "type": ..., "data": ...}``, or
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Final, NoReturn
 
 import psycopg
@@ -34,33 +33,25 @@ from pydantic_ai.agent import AgentRunResult
 from pydantic_ai.messages import ModelMessagesTypeAdapter
 
 from matcher import tracing
-from matcher.domain.launches import Launch, LaunchSpec
+from matcher.domain.launches import LaunchSpec
 from matcher.domain.resume import ResumeData
 from matcher.domain.waits import WaitSpec
 from matcher.faults import crash_point
+from matcher.integrations.launching import AsyncSubmit, deadline_of, launch_once_async, wait_id_of
 from matcher.sdk.worker.handler import Retry
 from matcher.store import agent_runs
-from matcher.store.launches import claim_launch_async, record_job_id_async
 from matcher.store.locks import hold_async
 from matcher.store.waits import get_wait_async, register_wait_async
 
 WAIT_KEY: Final = "matcher_wait"
 DEFAULT_PREFIX: Final = "pydantic-ai:"
-_WAIT_IDS = uuid.UUID("5d1f0c3e-8a7b-4f2e-b6c1-2e9d7a4b3c18")
 
-Submit = Callable[[Launch], Awaitable[str | None]]
 OnOutput = Callable[[psycopg.AsyncConnection[Any], str, Any], Awaitable[None]]
 
 
 class NoConversation(ValueError):
     """A matcher wait in a run without a ``conversation_id`` (``agent.run(...,
     conversation_id=...)``): the id names the run and its waits."""
-
-
-def _deadline(deadline: datetime | None, timeout: timedelta | None) -> datetime | None:
-    if deadline is not None and timeout is not None:
-        raise ValueError("give a deadline or a timeout, not both")
-    return datetime.now(UTC) + timeout if timeout is not None else deadline
 
 
 def _conversation(conversation: str | None) -> str:
@@ -103,7 +94,7 @@ class AgentWaits:
     async def launch(
         self,
         ctx: RunContext[Any],
-        submit: Submit,
+        submit: AsyncSubmit,
         *,
         event_types: list[str],
         deadline: datetime | None = None,
@@ -115,15 +106,11 @@ class AgentWaits:
         assert ctx.tool_call_id is not None
         spec = LaunchSpec(
             tenant=self.tenant, run_id=self.run_id(conversation, ctx.tool_call_id),
-            position=0, event_types=event_types, deadline=_deadline(deadline, timeout),
+            position=0, event_types=event_types, deadline=deadline_of(deadline, timeout),
         )  # fmt: skip
         conn = await psycopg.AsyncConnection.connect(self._url, autocommit=True)
         async with conn:
-            launch, created = await claim_launch_async(conn, spec)
-            if created:
-                job_id = await submit(launch)
-                if job_id is not None:
-                    await record_job_id_async(conn, launch.id, job_id)
+            launch = await launch_once_async(conn, spec, submit, None)
         raise CallDeferred(
             metadata={WAIT_KEY: {"wait_id": str(launch.wait_id), "run_id": spec.run_id}}
         )
@@ -140,7 +127,7 @@ class AgentWaits:
         """Defer the tool call until an event of ``event_types`` with ``correlation_id``
         (registered by ``park``, with the run's history)."""
         _conversation(ctx.conversation_id)
-        when = _deadline(deadline, timeout)
+        when = deadline_of(deadline, timeout)
         raise CallDeferred(
             metadata={
                 WAIT_KEY: {
@@ -183,7 +170,7 @@ class AgentWaits:
         wait: dict[str, Any],
     ) -> str:
         run_id = self.run_id(conversation, call)
-        wait_id = uuid.uuid5(_WAIT_IDS, f"{self.tenant}\x1f{run_id}")
+        wait_id = wait_id_of(self.tenant, run_id)
         if await get_wait_async(conn, wait_id) is None:
             deadline = wait.get("deadline")
             await register_wait_async(

@@ -20,9 +20,8 @@ interrupt by its id; the node runs again from the top, finds its launch stored (
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager, contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 import psycopg
@@ -31,15 +30,19 @@ from langgraph.errors import GraphInterrupt
 from langgraph.types import interrupt
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from matcher.domain.launches import Answer, Found, Launch, LaunchSpec, NotFound
+from matcher.domain.launches import Launch, LaunchSpec
 from matcher.domain.resume import ResumeData
 from matcher.domain.waits import Wait, WaitSpec
 from matcher.integrations.langgraph.keys import Place, next_place
-from matcher.store.launches import (
-    claim_launch,
-    claim_launch_async,
-    record_job_id,
-    record_job_id_async,
+from matcher.integrations.launching import (
+    AsyncLookup,
+    AsyncSubmit,
+    Lookup,
+    Submit,
+    deadline_of,
+    launch_once,
+    launch_once_async,
+    wait_id_of,
 )
 from matcher.store.runs import position, position_async
 from matcher.store.waits import get_wait, get_wait_async, register_wait, register_wait_async
@@ -49,14 +52,6 @@ WAIT_KEY: Final = "matcher_wait"
 DEFAULT_PREFIX: Final = "langgraph:"
 # Where the resumer puts its connection in the run's config (see ``transaction``).
 TRANSACTION_KEY: Final = "matcher_transaction"
-# Wait ids of waits without a launch are derived from their run, so a node run again
-# finds the wait it registered the first time.
-_WAIT_IDS = uuid.UUID("0b8f7c52-5c1e-4d8e-9a53-6f1f3b1f2a10")
-
-Submit = Callable[[Launch], str | None]
-AsyncSubmit = Callable[[Launch], Awaitable[str | None]]
-Lookup = Callable[[Launch], Answer]
-AsyncLookup = Callable[[Launch], Awaitable[Answer]]
 
 
 def transaction() -> Any | None:
@@ -81,14 +76,6 @@ class KeyReused(RuntimeError):
 class ForeignResume(RuntimeError):
     """The value the interrupt was resumed with is not this wait's resume (resumed by
     hand, or with another wait's resume): refused rather than taken as this wait's."""
-
-
-def _deadline(deadline: datetime | None, timeout: timedelta | None) -> datetime | None:
-    if deadline is not None and timeout is not None:
-        raise ValueError("give a deadline or a timeout, not both")
-    if timeout is not None:
-        return datetime.now(UTC) + timeout
-    return deadline
 
 
 def _request(launch: Launch | None, wait: Wait | None, run_id: str) -> dict[str, Any]:
@@ -202,17 +189,9 @@ class Waits:
         stored; ``NotFound``: ``submit`` is called); otherwise ``matcher reconcile`` or
         the deadline settles it."""
         place = next_place()
-        spec = self._launch_spec(place, event_types, _deadline(deadline, timeout))
+        spec = self._launch_spec(place, event_types, deadline_of(deadline, timeout))
         with self._conn() as conn:
-            launch, created = claim_launch(conn, spec)
-            if launch.external_job_id is None and launch.state == "intent":
-                answer: Answer | None = None if created or lookup is None else lookup(launch)
-                if created or isinstance(answer, NotFound):
-                    job_id = submit(launch)
-                    if job_id is not None:
-                        record_job_id(conn, launch.id, job_id)
-                elif isinstance(answer, Found):
-                    record_job_id(conn, launch.id, answer.external_job_id)
+            launch = launch_once(conn, spec, submit, lookup)
         return self._wait(_request(launch, None, spec.run_id), launch.wait_id, spec.run_id)
 
     async def alaunch_and_wait(
@@ -226,17 +205,9 @@ class Waits:
     ) -> ResumeData:
         """``launch_and_wait`` for async nodes (``submit`` and ``lookup`` async)."""
         place = next_place()
-        spec = self._launch_spec(place, event_types, _deadline(deadline, timeout))
+        spec = self._launch_spec(place, event_types, deadline_of(deadline, timeout))
         async with self._aconn() as conn:
-            launch, created = await claim_launch_async(conn, spec)
-            if launch.external_job_id is None and launch.state == "intent":
-                answer = None if created or lookup is None else await lookup(launch)
-                if created or isinstance(answer, NotFound):
-                    job_id = await submit(launch)
-                    if job_id is not None:
-                        await record_job_id_async(conn, launch.id, job_id)
-                elif isinstance(answer, Found):
-                    await record_job_id_async(conn, launch.id, answer.external_job_id)
+            launch = await launch_once_async(conn, spec, submit, lookup)
         request = _request(launch, None, spec.run_id)
         return await self._await(request, launch.wait_id, spec.run_id)
 
@@ -254,7 +225,7 @@ class Waits:
         return WaitSpec(
             tenant=self.tenant, run_id=run_id, position=0, event_types=event_types,
             correlation_id=correlation_id, deadline=deadline, external_job_id=external_job_id,
-            id=uuid.uuid5(_WAIT_IDS, f"{self.tenant}\x1f{run_id}"),
+            id=wait_id_of(self.tenant, run_id),
         )  # fmt: skip
 
     def wait_for_event(
@@ -271,7 +242,7 @@ class Waits:
         again, the wait registered then is the one waited for."""
         place = next_place()
         spec = self._wait_spec(
-            place, event_types, correlation_id, _deadline(deadline, timeout), external_job_id
+            place, event_types, correlation_id, deadline_of(deadline, timeout), external_job_id
         )
         assert spec.id is not None
         with self._conn() as conn:
@@ -296,7 +267,7 @@ class Waits:
         """``wait_for_event`` for async nodes."""
         place = next_place()
         spec = self._wait_spec(
-            place, event_types, correlation_id, _deadline(deadline, timeout), external_job_id
+            place, event_types, correlation_id, deadline_of(deadline, timeout), external_job_id
         )
         assert spec.id is not None
         async with self._aconn() as conn:
