@@ -149,3 +149,34 @@ async def test_a_replayed_record_and_a_reused_id_are_stored_once(
     }
     assert states == {first.correlation_id: "matched", reuse.correlation_id: "waiting"}
     assert scalar(secure, "SELECT count(*) FROM matcher.quarantine") == 0
+
+
+async def test_trace_contexts_kcat_adds_are_kept_or_dropped_never_refusing(
+    kcat: str,
+    secure: Settings,
+) -> None:
+    """Trace headers added to signed records by an independent client: one valid
+    traceparent is kept with its event; two that disagree, or a hostile one, are dropped;
+    every event is stored and resolves its wait (the trace context is not authority)."""
+    good = f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01"
+    other = f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01"
+    extra = [
+        [("traceparent", good.encode())],
+        [("traceparent", good.encode()), ("ce_traceparent", other.encode())],
+        [("traceparent", b"00-\x1b[2J-not-a-trace")],
+    ]
+    events = [signed() for _ in extra]
+    for event, _ in events:
+        wait_for(secure, event)
+    async with running_daemon(secure):
+        for (_, record), added in zip(events, extra, strict=True):
+            traced = KafkaRecord(record.key, [*record.headers, *added], record.value)
+            _publish(kcat, secure, traced, "none")
+        await eventually(lambda: _published(secure) == 3, timeout=60,
+                         what="every traced event resolved its wait")  # fmt: skip
+    assert scalar(secure, "SELECT count(*) FROM matcher.quarantine") == 0
+    kept = {
+        r["correlation_id"]: r["trace_parent"]
+        for r in rows(secure, "SELECT correlation_id, trace_parent FROM matcher.inbox")
+    }
+    assert [kept[e.correlation_id] for e, _ in events] == [good, None, None]
