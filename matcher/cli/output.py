@@ -72,8 +72,11 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
 def validation_lines(exc: ValidationError, options: Mapping[str, str]) -> list[str]:
     lines = []
     for e in exc.errors():
-        field = str(e["loc"][0]) if e["loc"] else ""
-        option = options.get(field, "--" + field.replace("_", "-"))
         message = str(e["msg"]).removeprefix("Value error, ")
+        if not e["loc"]:  # a rule across options: no one value to quote
+            lines.append(f"matcher: {message}")
+            continue
+        field = str(e["loc"][0])
+        option = options.get(field, "--" + field.replace("_", "-"))
         lines.append(f"matcher: {option} {quoted(e['input'])}: {message}")
     return lines

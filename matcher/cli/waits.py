@@ -77,6 +77,24 @@ def waits_add(
         typer.Option(help="Seconds from now, or an ISO-8601 time with a timezone."),
     ] = None,
     job_id: Annotated[str | None, typer.Option(help="External job id, if known.")] = None,
+    condition: Annotated[
+        str | None,
+        typer.Option(
+            help="An SQL/JSON path predicate the event's data must satisfy, e.g."
+            " '$.status == \"succeeded\"'."
+        ),
+    ] = None,
+    heartbeat: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds of silence (no progress event) after which the wait times out;"
+            " needs --progress-type."
+        ),
+    ] = None,
+    progress_type: Annotated[
+        list[str] | None,
+        typer.Option(help="An event type that reports progress; repeat for several."),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Register a wait. If a matching event already arrived, it resolves at once."""
@@ -89,6 +107,9 @@ def waits_add(
             correlation_id=correlation,
             deadline=_parse_deadline(deadline) if deadline is not None else None,
             external_job_id=job_id,
+            condition=condition,
+            heartbeat_interval_s=heartbeat,
+            progress_types=progress_type or None,
         )
     except ValidationError as exc:
         options = {
@@ -96,10 +117,15 @@ def waits_add(
             "event_types": "--type",
             "correlation_id": "--correlation",
             "external_job_id": "--job-id",
+            "heartbeat_interval_s": "--heartbeat",
+            "progress_types": "--progress-type",
         }
         fail(validation_lines(exc, options), EXIT_USAGE)
     with connect(settings_for(kafka=False)) as conn:
-        wait = register_wait(conn, spec)
+        try:
+            wait = register_wait(conn, spec)
+        except ValueError as exc:  # refused by the database (a condition that does not parse)
+            fail([f"matcher: {exc}"], EXIT_USAGE)
     if as_json:
         print_json(wait)
     else:

@@ -144,6 +144,7 @@ class StoredEvent(BaseModel):
     status: str
     consumed_by: UUID | None
     late_for: UUID | None
+    progress_for: UUID | None = None
 
 
 class QuarantinedRecord(BaseModel):

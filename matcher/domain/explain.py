@@ -8,8 +8,9 @@ resolution). When the workers' handler failed on it, the verdict says so instead
 ``matcher resumes retry`` gives it back). For a waiting one, in order of precedence:
 
 - ``backlog``: the sweeper is behind (the deadline passed, the wait still waits);
-- ``mismatch``: events with this correlation id exist but differ (tenant, type), or were
-  refused (producer not allowed for the tenant, signature, schema, ...);
+- ``mismatch``: events with this correlation id exist but differ (tenant, type, data that
+  does not satisfy the wait's condition), or were refused (producer not allowed for the
+  tenant, signature, schema, ...);
 - ``backlog``: events are not read yet (consumer lag on a partition this wait's key can be
   on: where murmur2, CRC32 or FNV-1a puts it, the partitioners of the common clients);
 - ``missing_signal``: nothing with this correlation id anywhere;
@@ -104,6 +105,8 @@ class ExplainFacts:
     # Since when the wait's key waits for the rematch pass; None: it does not.
     rematch_queued_since: datetime | None = None
     worker: WorkerFacts | None = None
+    # The events (producer, event id) whose data does not satisfy the wait's condition.
+    condition_misses: set[tuple[str, str]] = field(default_factory=set)
 
 
 @dataclass
@@ -126,6 +129,7 @@ def _event(e: StoredEvent) -> dict[str, Any]:
         "offset": e.kafka_offset,
         "consumed_by": e.consumed_by,
         "late_for": e.late_for,
+        "progress_for": e.progress_for,
     }
 
 
@@ -182,6 +186,7 @@ def explain(facts: ExplainFacts) -> Explanation:
     _mismatches(facts, found)
     _lag_on_key_partitions(facts, found)
     _arrivals(facts, late, found)
+    _heartbeat(facts, found)
     if not found.verdicts:
         within = (
             f"within its deadline ({rfc3339(wait.deadline)})" if wait.deadline else "no deadline"
@@ -218,12 +223,31 @@ def _wait_evidence(wait: Wait) -> dict[str, Any]:
         "state": wait.state,
         "created_at": wait.created_at,
         "resolved_at": wait.resolved_at,
+        **({"condition": wait.condition} if wait.condition else {}),
+        **(
+            {
+                "progress_types": wait.progress_types,
+                "heartbeat_interval_s": wait.heartbeat_interval_s,
+                "heartbeat_due": wait.heartbeat_due,
+                "last_progress_at": wait.last_progress_at,
+            }
+            if wait.heartbeat_interval_s
+            else {}
+        ),
     }
 
 
 def _sweeper_behind(facts: ExplainFacts, found: _Findings) -> None:
     deadline = facts.wait.deadline
-    if deadline is not None and deadline <= facts.now:
+    due = facts.wait.heartbeat_due
+    if due is not None and due <= facts.now and (deadline is None or due < deadline):
+        behind = _age(facts.now, due)
+        found.evidence["sweeper_behind_s"] = behind
+        found.add(
+            Verdict.BACKLOG,
+            f"its heartbeat came due {behind}s ago but the sweeper has not timed it out",
+        )
+    elif deadline is not None and deadline <= facts.now:
         behind = _age(facts.now, deadline)
         found.evidence["sweeper_behind_s"] = behind
         found.add(
@@ -262,7 +286,7 @@ def _event_mismatches(facts: ExplainFacts, found: _Findings) -> list[dict[str, A
     wait = facts.wait
     mismatches: list[dict[str, Any]] = []
     for e in facts.events:
-        if e.consumed_by is not None or e.late_for is not None:
+        if e.consumed_by is not None or e.late_for is not None or e.progress_for is not None:
             continue  # accounted for by some wait
         if e.tenant != wait.tenant:
             found.add(
@@ -278,7 +302,28 @@ def _event_mismatches(facts: ExplainFacts, found: _Findings) -> list[dict[str, A
                 f"{', '.join(wait.event_types)}",
             )
             mismatches.append({**_event(e), "differs": "type"})
+        elif (e.producer, e.event_id) in facts.condition_misses:
+            found.add(
+                None,
+                f"event {e.producer}/{e.event_id} has the type, but its data does not satisfy "
+                f"the wait's condition {quoted(wait.condition or '')}",
+            )
+            mismatches.append({**_event(e), "differs": "condition", "data": e.data})
     return mismatches
+
+
+def _heartbeat(facts: ExplainFacts, found: _Findings) -> None:
+    wait = facts.wait
+    if wait.heartbeat_due is None:
+        return
+    progress = [e for e in facts.events if e.progress_for == wait.id]
+    last = f"last progress at {_when(wait.last_progress_at)}" if progress else "no progress yet"
+    found.add(
+        None,
+        f"heartbeat every {wait.heartbeat_interval_s:g}s on "
+        f"{', '.join(wait.progress_types or [])}: {len(progress)} progress event(s), {last}; "
+        f"times out at {rfc3339(wait.heartbeat_due)} without one",
+    )
 
 
 def _quarantined(facts: ExplainFacts, found: _Findings) -> list[dict[str, Any]]:
@@ -369,6 +414,13 @@ def _resolved(
             _event(winner)
             if winner
             else {"source": wait.resolved_by_producer, "id": wait.resolved_by_event_id}
+        )
+    elif wait.state == "timed_out" and wait.resolution == "heartbeat":
+        verdict = Verdict.TIMED_OUT
+        reasons.append(
+            f"timed out at {_when(wait.resolved_at)}: its heartbeat was missed (no progress "
+            f"for {wait.heartbeat_interval_s:g}s; last progress at "
+            f"{_when(wait.last_progress_at)}; deadline {_when(wait.deadline)})"
         )
     elif wait.state == "timed_out":
         verdict = Verdict.TIMED_OUT

@@ -1,15 +1,20 @@
 """What a batch of new events does to the waits of their keys. Pure: no I/O.
 
 The rules (the same ones registration applies from the other side):
-- an event and a wait match when tenant and correlation id are equal and the event's type
-  is one of the wait's types;
+- an event and a wait match when tenant and correlation id are equal, the event's type
+  is one of the wait's types, and the event's data satisfies the wait's condition if it
+  has one (Postgres evaluates conditions: the event arrives with the waits that refuse it);
 - duplicates, by (producer, event id), do nothing: not against stored events, not within
   the batch;
 - events are taken in order of arrival; each resolves the oldest waiting wait it matches
   that no earlier event took; one event resolves at most one wait, one wait is resolved
   by at most one event;
-- an event that matches no waiting wait but matches a wait that timed out or was
-  cancelled is *late*, linked to the most recently resolved such wait;
+- an event that matches no waiting wait but is of a progress type of one (waiting when
+  the batch began) is *progress*, linked to the oldest such wait (whose heartbeat it
+  moves on); it resolves nothing;
+- an event that matches no waiting wait but matches (or is of a progress type of) a wait
+  that timed out or was cancelled is *late*, linked to the most recently resolved such
+  wait;
 - anything else stays *pending* for a wait that may be registered later;
 - an event whose key is *deferred* stays pending here: the rematch loop decides it, with
   the same rules, once the key is free (its waits were busy, or not yet checked against
@@ -37,6 +42,7 @@ class InboxStatus(StrEnum):
     CONSUMED = "consumed"
     LATE = "late"
     EXPIRED = "expired"
+    PROGRESS = "progress"
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,8 @@ class NewEvent:
     correlation_id: str
     # Carried through untouched for the adapter that stores the decision.
     payload: Any = field(default=None, compare=False, repr=False)
+    # The waits whose condition this event's data does not satisfy.
+    refused_by: frozenset[UUID] = field(default=frozenset(), compare=False)
 
     @property
     def key(self) -> Key:
@@ -71,13 +79,22 @@ class WaitView:
     state: WaitState
     created_at: datetime
     resolved_at: datetime | None = None
+    progress_types: frozenset[str] = frozenset()
 
     @property
     def key(self) -> Key:
         return (self.tenant, self.correlation_id)
 
     def accepts(self, event: NewEvent) -> bool:
-        return event.key == self.key and event.type in self.event_types
+        return (
+            event.key == self.key
+            and event.type in self.event_types
+            and self.id not in event.refused_by
+        )
+
+    def hears(self, event: NewEvent) -> bool:
+        """Whether ``event`` reports progress on this wait."""
+        return event.key == self.key and event.type in self.progress_types
 
 
 @dataclass(frozen=True)
@@ -86,7 +103,7 @@ class Placement:
 
     event: NewEvent
     status: InboxStatus
-    wait_id: UUID | None = None  # consumed_by for CONSUMED, late_for for LATE
+    wait_id: UUID | None = None  # consumed_by, late_for or progress_for, by status
 
 
 @dataclass
@@ -97,6 +114,10 @@ class BatchDecision:
     @property
     def resolutions(self) -> list[Placement]:
         return [p for p in self.placements if p.status is InboxStatus.CONSUMED]
+
+    @property
+    def progress(self) -> list[Placement]:
+        return [p for p in self.placements if p.status is InboxStatus.PROGRESS]
 
 
 _RESOLVED_NOT_MATCHED = (WaitState.TIMED_OUT, WaitState.CANCELLED)
@@ -124,6 +145,7 @@ def decide_batch(
             finished[wait.key].append(wait)
     for key_waits in waiting.values():
         key_waits.sort(key=lambda w: (w.created_at, str(w.id)))
+    listening = {key: list(key_waits) for key, key_waits in waiting.items()}
 
     decision = BatchDecision()
     for event in events:
@@ -135,12 +157,18 @@ def decide_batch(
             decision.placements.append(Placement(event, InboxStatus.PENDING))
             continue
         candidates = waiting.get(event.key, [])
-        taken = next((w for w in candidates if event.type in w.event_types), None)
+        taken = next((w for w in candidates if w.accepts(event)), None)
         if taken is not None:
             candidates.remove(taken)
             decision.placements.append(Placement(event, InboxStatus.CONSUMED, taken.id))
             continue
-        late_for = [w for w in finished.get(event.key, []) if event.type in w.event_types]
+        # Progress goes to a wait that was waiting when the batch began, even if an
+        # earlier event of the batch resolved it (ingest decides a key in one statement).
+        heard = next((w for w in listening.get(event.key, []) if w.hears(event)), None)
+        if heard is not None:
+            decision.placements.append(Placement(event, InboxStatus.PROGRESS, heard.id))
+            continue
+        late_for = [w for w in finished.get(event.key, []) if w.accepts(event) or w.hears(event)]
         if late_for:
             latest = max(late_for, key=lambda w: (w.resolved_at or w.created_at, str(w.id)))
             decision.placements.append(Placement(event, InboxStatus.LATE, latest.id))

@@ -78,9 +78,18 @@ class ResumeData(BaseModel):
     correlation_id: str
     event_types: list[str]
     event: ResumeEvent | None = None
+    # Set only when the wait timed out because its heartbeat came due (a deadline's
+    # timeout leaves both out: its resume is as it always was).
+    timeout_reason: Literal["heartbeat"] | None = None
+    last_progress_at: datetime | None = None
     created_at: datetime
     resolved_at: datetime
     deadline: datetime | None = None
+
+
+# Fields of a resume's data that only some resumes have (compatible extensions): absent,
+# not null, when a resume has none, so that every other resume is as it always was.
+EXTENSIONS: Final = ("timeout_reason", "last_progress_at")
 
 
 class NotAResume(ValueError):
@@ -137,6 +146,10 @@ def resume_message(data: ResumeData, traceparent: str | None = None) -> bytes:
     ``tests/integration/test_resume_message.py`` holds the two equal, with this as the
     reference.
     """
+    exclude: dict[str, Any] = {} if traceparent else {"traceparent": True}
+    absent = {name for name in EXTENSIONS if getattr(data, name) is None}
+    if absent:
+        exclude["data"] = absent
     return (
         ResumeCloudEvent(
             id=str(data.resolution_id),
@@ -146,6 +159,6 @@ def resume_message(data: ResumeData, traceparent: str | None = None) -> bytes:
             traceparent=traceparent,
             data=data,
         )
-        .model_dump_json(exclude=None if traceparent else {"traceparent"})
+        .model_dump_json(exclude=exclude or None)
         .encode()
     )

@@ -39,8 +39,14 @@ async def gather(
             raise AmbiguousRun(tenants)
         wait = Wait.model_validate(waits[0])
         params = {"correlation_id": wait.correlation_id}
-        await cur.execute(query("explain", "events_by_correlation"), params)
-        events = [StoredEvent.model_validate(row) for row in await cur.fetchall()]
+        await cur.execute(
+            query("explain", "events_by_correlation"), params | {"condition": wait.condition}
+        )
+        found = await cur.fetchall()
+        events = [StoredEvent.model_validate(row) for row in found]
+        condition_misses = {
+            (row["producer"], row["event_id"]) for row in found if row["meets_condition"] is False
+        }
         await cur.execute(query("explain", "quarantine_by_correlation"), params)
         quarantined = [QuarantinedRecord.model_validate(row) for row in await cur.fetchall()]
         await cur.execute(query("explain", "outbox_of_wait"), {"wait_id": wait.id})
@@ -61,6 +67,7 @@ async def gather(
         outbox=outbox,
         rematch_queued_since=now_row["queued_since"],
         worker=worker,
+        condition_misses=condition_misses,
     )
 
 

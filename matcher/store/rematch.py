@@ -56,6 +56,7 @@ def wait_views(rows: list[tuple[Any, ...]]) -> tuple[list[WaitView], set[Key]]:
             state=WaitState(row[4]),
             created_at=row[5],
             resolved_at=row[6],
+            progress_types=frozenset(row[8]),
         )
         views.append(view)
         if row[7]:
@@ -104,7 +105,10 @@ async def check_resolved(cur: Any, expected: int) -> None:
 
 def _pending(rows: list[tuple[Any, ...]]) -> list[NewEvent]:
     # payload: the event's received_at, the rest of its inbox key
-    return [NewEvent(r[0], r[1], r[2], r[3], r[4], payload=r[5]) for r in rows]
+    return [
+        NewEvent(r[0], r[1], r[2], r[3], r[4], payload=r[5], refused_by=frozenset(r[6]))
+        for r in rows
+    ]
 
 
 async def rematch_once(
@@ -141,6 +145,14 @@ async def rematch_once(
         settle_cur = None
         if settled:
             settle_cur = await conn.execute(query("rematch", "settle_pending"), _settle(settled))
+        if decision.progress:
+            await conn.execute(
+                query("rematch", "extend_heartbeats"),
+                {
+                    "wait_id": [p.wait_id for p in decision.progress],
+                    "received_at": [p.event.payload for p in decision.progress],
+                },
+            )
         await queue_for_rematch(conn, busy, after_s=BUSY_RETRY_S)
         if before_commit is not None:
             before_commit()
@@ -155,7 +167,7 @@ async def rematch_once(
     return RematchResult(
         keys=len(keys),
         matched=len(resolutions),
-        late=len(settled) - len(resolutions),
+        late=len(settled) - len(resolutions) - len(decision.progress),
         busy=len(busy),
     )
 
@@ -163,6 +175,7 @@ async def rematch_once(
 def _settle(placements: list[Placement]) -> dict[str, list[Any]]:
     received: list[datetime] = [p.event.payload for p in placements]
     consumed = [p.status is InboxStatus.CONSUMED for p in placements]
+    late = [p.status is InboxStatus.LATE for p in placements]
     return {
         "producer": [p.event.producer for p in placements],
         "event_id": [p.event.event_id for p in placements],
@@ -171,5 +184,8 @@ def _settle(placements: list[Placement]) -> dict[str, list[Any]]:
         "consumed_by": [
             p.wait_id if c else None for p, c in zip(placements, consumed, strict=True)
         ],
-        "late_for": [None if c else p.wait_id for p, c in zip(placements, consumed, strict=True)],
+        "late_for": [p.wait_id if x else None for p, x in zip(placements, late, strict=True)],
+        "progress_for": [
+            p.wait_id if p.status is InboxStatus.PROGRESS else None for p in placements
+        ],
     }

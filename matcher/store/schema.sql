@@ -138,6 +138,48 @@ CREATE FUNCTION matcher.cancel_wait_v1(wait_id uuid) RETURNS boolean
 
 
 --
+-- Name: checked_condition(text); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.checked_condition(condition text) RETURNS jsonpath
+    LANGUAGE plpgsql IMMUTABLE
+    AS $_$
+DECLARE
+    parsed jsonpath;
+    normal text;
+BEGIN
+    IF condition IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF char_length(condition) > 1000 THEN
+        RAISE EXCEPTION 'matcher: condition must be at most 1000 characters'
+            USING ERRCODE = '22023';
+    END IF;
+    BEGIN
+        parsed := condition::jsonpath;
+    EXCEPTION WHEN OTHERS THEN
+        RAISE EXCEPTION 'matcher: condition is not an SQL/JSON path: %', SQLERRM
+            USING ERRCODE = '22023';
+    END;
+    -- The path as Postgres prints it back: string literals in double quotes, with their
+    -- quotes escaped, so that what is outside them can be read for the features refused.
+    normal := regexp_replace(parsed::text, '"(\\.|[^"\\])*"', '""', 'g');
+    IF normal ~ 'like_regex' THEN
+        RAISE EXCEPTION 'matcher: condition must not use like_regex' USING ERRCODE = '22023';
+    END IF;
+    IF normal ~ '\*\*' THEN
+        RAISE EXCEPTION 'matcher: condition must not use the any-depth accessor (.**)'
+            USING ERRCODE = '22023';
+    END IF;
+    IF normal ~ '\$""|\$[A-Za-z_]' THEN
+        RAISE EXCEPTION 'matcher: condition must not use variables ($name)'
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN parsed;
+END $_$;
+
+
+--
 -- Name: checked_ident(text, text); Type: FUNCTION; Schema: matcher; Owner: -
 --
 
@@ -234,7 +276,8 @@ CREATE TABLE matcher.inbox (
     late_for uuid,
     status_at timestamp with time zone DEFAULT now() NOT NULL,
     trace_parent text,
-    CONSTRAINT inbox_status_check1 CHECK ((status = ANY (ARRAY['pending'::text, 'consumed'::text, 'late'::text, 'expired'::text])))
+    progress_for uuid,
+    CONSTRAINT inbox_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'consumed'::text, 'late'::text, 'expired'::text, 'progress'::text])))
 )
 PARTITION BY RANGE (received_at);
 
@@ -262,9 +305,15 @@ CREATE TABLE matcher.waits (
     resolved_by_event_id text,
     version integer DEFAULT 0 NOT NULL,
     resolved_by_received_at timestamp with time zone,
+    condition jsonpath,
+    progress_types text[],
+    heartbeat_interval interval,
+    heartbeat_due timestamp with time zone,
+    last_progress_at timestamp with time zone,
     CONSTRAINT waits_check CHECK (((state = 'waiting'::text) = (resolved_at IS NULL))),
     CONSTRAINT waits_event_types_check CHECK ((cardinality(event_types) > 0)),
-    CONSTRAINT waits_resolution_check CHECK ((resolution = ANY (ARRAY['event'::text, 'deadline'::text, 'cancel'::text]))),
+    CONSTRAINT waits_heartbeat_check CHECK ((((heartbeat_interval IS NULL) = (progress_types IS NULL)) AND ((heartbeat_interval IS NULL) = (heartbeat_due IS NULL)))),
+    CONSTRAINT waits_resolution_check CHECK ((resolution = ANY (ARRAY['event'::text, 'deadline'::text, 'heartbeat'::text, 'cancel'::text]))),
     CONSTRAINT waits_state_check CHECK ((state = ANY (ARRAY['waiting'::text, 'matched'::text, 'timed_out'::text, 'cancelled'::text])))
 );
 
@@ -275,7 +324,7 @@ CREATE TABLE matcher.waits (
 
 CREATE FUNCTION matcher.resume_data(resolution_id uuid, outcome text, w matcher.waits, i matcher.inbox) RETURNS json
     LANGUAGE sql STABLE PARALLEL SAFE
-    RETURN json_build_object('resolution_id', resolution_id, 'tenant', (w).tenant, 'run_id', (w).run_id, 'position', (w)."position", 'outcome', outcome, 'wait_id', (w).id, 'correlation_id', (w).correlation_id, 'event_types', (w).event_types, 'event', CASE WHEN (outcome = 'event'::text) THEN json_build_object('source', (w).resolved_by_producer, 'id', (w).resolved_by_event_id, 'type', COALESCE((i).type, ''::text), 'data', (i).data, 'external_job_id', (i).external_job_id, 'occurred_at', matcher.rfc3339((i).occurred_at), 'topic', (i).kafka_topic, 'partition', (i).kafka_partition, 'offset', (i).kafka_offset, 'received_at', matcher.rfc3339(COALESCE((i).received_at, (w).resolved_at))) ELSE NULL::json END, 'created_at', matcher.rfc3339((w).created_at), 'resolved_at', matcher.rfc3339((w).resolved_at), 'deadline', matcher.rfc3339((w).deadline));
+    RETURN CASE WHEN ((w).resolution IS DISTINCT FROM 'heartbeat'::text) THEN json_build_object('resolution_id', resolution_id, 'tenant', (w).tenant, 'run_id', (w).run_id, 'position', (w)."position", 'outcome', outcome, 'wait_id', (w).id, 'correlation_id', (w).correlation_id, 'event_types', (w).event_types, 'event', CASE WHEN (outcome = 'event'::text) THEN json_build_object('source', (w).resolved_by_producer, 'id', (w).resolved_by_event_id, 'type', COALESCE((i).type, ''::text), 'data', (i).data, 'external_job_id', (i).external_job_id, 'occurred_at', matcher.rfc3339((i).occurred_at), 'topic', (i).kafka_topic, 'partition', (i).kafka_partition, 'offset', (i).kafka_offset, 'received_at', matcher.rfc3339(COALESCE((i).received_at, (w).resolved_at))) ELSE NULL::json END, 'created_at', matcher.rfc3339((w).created_at), 'resolved_at', matcher.rfc3339((w).resolved_at), 'deadline', matcher.rfc3339((w).deadline)) ELSE json_build_object('resolution_id', resolution_id, 'tenant', (w).tenant, 'run_id', (w).run_id, 'position', (w)."position", 'outcome', outcome, 'wait_id', (w).id, 'correlation_id', (w).correlation_id, 'event_types', (w).event_types, 'event', NULL::unknown, 'created_at', matcher.rfc3339((w).created_at), 'resolved_at', matcher.rfc3339((w).resolved_at), 'deadline', matcher.rfc3339((w).deadline), 'timeout_reason', 'heartbeat', 'last_progress_at', matcher.rfc3339((w).last_progress_at)) END;
 
 
 --
@@ -312,6 +361,21 @@ CREATE TABLE matcher.outbox (
 CREATE FUNCTION matcher.committed_resume_v1(wait_id uuid, resolution_id uuid DEFAULT NULL::uuid) RETURNS text
     LANGUAGE sql STABLE
     RETURN (SELECT (matcher.resume_message(o.resolution_id, o.outcome, w.*, i.*))::text AS resume_message FROM ((matcher.outbox o JOIN matcher.waits w ON ((w.id = o.wait_id))) LEFT JOIN matcher.inbox i ON (((i.producer = w.resolved_by_producer) AND (i.event_id = w.resolved_by_event_id) AND (i.received_at = w.resolved_by_received_at)))) WHERE ((o.wait_id = committed_resume_v1.wait_id) AND ((committed_resume_v1.resolution_id IS NULL) OR (o.resolution_id = committed_resume_v1.resolution_id)) AND (NOT ((o.outcome = 'event'::text) AND (i.producer IS NULL)))) ORDER BY o.id DESC LIMIT 1);
+
+
+--
+-- Name: condition_holds(jsonb, jsonpath); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.condition_holds(data jsonb, condition jsonpath) RETURNS boolean
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    AS $$
+BEGIN
+    RETURN coalesce(jsonb_path_match(coalesce(data, 'null'::jsonb), condition, '{}', true),
+                    false);
+EXCEPTION WHEN OTHERS THEN
+    RETURN false;
+END $$;
 
 
 --
@@ -390,7 +454,7 @@ CREATE FUNCTION matcher.get_launch_v1(launch_id uuid) RETURNS jsonb
 
 CREATE FUNCTION matcher.wait_json(w matcher.waits) RETURNS jsonb
     LANGUAGE sql STABLE PARALLEL SAFE
-    RETURN jsonb_build_object('id', (w).id, 'tenant', (w).tenant, 'run_id', (w).run_id, 'position', (w)."position", 'event_types', to_jsonb((w).event_types), 'correlation_id', (w).correlation_id, 'external_job_id', (w).external_job_id, 'deadline', matcher.rfc3339((w).deadline), 'state', (w).state, 'created_at', matcher.rfc3339((w).created_at), 'resolved_at', matcher.rfc3339((w).resolved_at), 'resolution', (w).resolution, 'resolved_by_producer', (w).resolved_by_producer, 'resolved_by_event_id', (w).resolved_by_event_id);
+    RETURN jsonb_build_object('id', (w).id, 'tenant', (w).tenant, 'run_id', (w).run_id, 'position', (w)."position", 'event_types', to_jsonb((w).event_types), 'correlation_id', (w).correlation_id, 'external_job_id', (w).external_job_id, 'deadline', matcher.rfc3339((w).deadline), 'state', (w).state, 'created_at', matcher.rfc3339((w).created_at), 'resolved_at', matcher.rfc3339((w).resolved_at), 'resolution', (w).resolution, 'resolved_by_producer', (w).resolved_by_producer, 'resolved_by_event_id', (w).resolved_by_event_id, 'condition', ((w).condition)::text, 'progress_types', to_jsonb((w).progress_types), 'heartbeat_interval_s', EXTRACT(epoch FROM (w).heartbeat_interval), 'heartbeat_due', matcher.rfc3339((w).heartbeat_due), 'last_progress_at', matcher.rfc3339((w).last_progress_at));
 
 
 --
@@ -417,6 +481,8 @@ DECLARE
     fresh boolean[];     -- a new event, to store
     resolves uuid[];     -- the wait it resolves
     too_late_for uuid[]; -- or the wait it came too late for
+    progress_for uuid[]; -- or the wait it reports progress on
+    progressing uuid[];
     decided bigint;
     queue_tenants text[];
     queue_correlations text[];
@@ -457,14 +523,14 @@ BEGIN
 
     -- The decision (see above): one row per event of the batch.
     WITH batch AS (
-        SELECT b.n, b.producer, b.event_id, b.tenant, b.correlation_id, b.type,
+        SELECT b.n, b.producer, b.event_id, b.tenant, b.correlation_id, b.type, b.data,
                (b.producer, b.event_id) IN (
                    SELECT c.p, c.e FROM unnest(claimed_producers, claimed_event_ids) AS c(p, e)
                ) AS claimed
         FROM unnest(
             ingest_events.producers, ingest_events.event_ids, ingest_events.tenants,
-            ingest_events.correlation_ids, ingest_events.types
-        ) WITH ORDINALITY AS b(producer, event_id, tenant, correlation_id, type, n)
+            ingest_events.correlation_ids, ingest_events.types, ingest_events.data
+        ) WITH ORDINALITY AS b(producer, event_id, tenant, correlation_id, type, data, n)
     ), firsts AS (
         -- New: claimed now, and the id's first place in the batch (the rest duplicates).
         SELECT b.*,
@@ -477,6 +543,7 @@ BEGIN
         -- key is left to the rematch loop, not waited for); the state kept is the locked
         -- row's, which is current.
         SELECT f.n, f.fresh, f.tenant, f.correlation_id, s.busy, s.takes, s.late_for,
+               s.progress_of,
                f.fresh AND EXISTS (
                    SELECT 1 FROM matcher.match_queue AS q
                    WHERE q.tenant = f.tenant AND q.correlation_id = f.correlation_id
@@ -484,15 +551,28 @@ BEGIN
         FROM firsts AS f
         LEFT JOIN LATERAL (
             SELECT bool_or(l.id IS NULL) AS busy,
-                   -- The oldest waiting wait that accepts it (created_at, then id).
+                   -- The oldest waiting wait that accepts it (created_at, then id): its
+                   -- type, and its condition if it has one.
                    (array_agg(w.id ORDER BY w.created_at, w.id)
                        FILTER (WHERE coalesce(l.state, w.state) = 'waiting'
-                                 AND f.type = ANY (w.event_types)))[1] AS takes,
-                   -- Else the most recently resolved timed-out or cancelled one.
+                                 AND f.type = ANY (w.event_types)
+                                 AND (w.condition IS NULL
+                                      OR matcher.condition_holds(f.data, w.condition))
+                       ))[1] AS takes,
+                   -- Else the oldest waiting wait it reports progress on.
+                   (array_agg(w.id ORDER BY w.created_at, w.id)
+                       FILTER (WHERE coalesce(l.state, w.state) = 'waiting'
+                                 AND f.type = ANY (w.progress_types)))[1] AS progress_of,
+                   -- Else the most recently resolved timed-out or cancelled one it would
+                   -- have resolved, or reported progress on.
                    (array_agg(w.id ORDER BY coalesce(l.resolved_at, w.resolved_at,
                                                      w.created_at) DESC, w.id DESC)
                        FILTER (WHERE coalesce(l.state, w.state) IN ('timed_out', 'cancelled')
-                                 AND f.type = ANY (w.event_types)))[1] AS late_for
+                                 AND (f.type = ANY (w.progress_types)
+                                      OR f.type = ANY (w.event_types)
+                                         AND (w.condition IS NULL
+                                              OR matcher.condition_holds(f.data, w.condition)))
+                       ))[1] AS late_for
             FROM matcher.waits AS w
             LEFT JOIN LATERAL (
                 SELECT x.id, x.state, x.resolved_at FROM matcher.waits AS x
@@ -518,13 +598,16 @@ BEGIN
     )
     SELECT array_agg(p.fresh ORDER BY p.n),
            array_agg(CASE WHEN p.decided_here THEN p.takes END ORDER BY p.n),
-           array_agg(CASE WHEN p.decided_here AND p.takes IS NULL THEN p.late_for END
+           array_agg(CASE WHEN p.decided_here AND p.takes IS NULL THEN p.progress_of END
+                     ORDER BY p.n),
+           array_agg(CASE WHEN p.decided_here AND p.takes IS NULL AND p.progress_of IS NULL
+                          THEN p.late_for END
                      ORDER BY p.n),
            count(*) FILTER (WHERE p.fresh),
            count(*) FILTER (WHERE p.fresh AND NOT p.decided_here),
            array_agg(p.tenant) FILTER (WHERE p.fresh AND p.to_rematch AND NOT p.queued),
            array_agg(p.correlation_id) FILTER (WHERE p.fresh AND p.to_rematch AND NOT p.queued)
-    INTO fresh, resolves, too_late_for, decided, deferred, queue_tenants, queue_correlations
+    INTO fresh, resolves, progress_for, too_late_for, decided, deferred, queue_tenants, queue_correlations
     FROM placed AS p;
 
     -- The new events, each written once, with its final status.
@@ -532,14 +615,15 @@ BEGIN
         INSERT INTO matcher.inbox (
             producer, event_id, tenant, type, correlation_id, external_job_id, occurred_at,
             kafka_topic, kafka_partition, kafka_offset, data, status, consumed_by, late_for,
-            trace_parent
+            trace_parent, progress_for
         )
         SELECT b.producer, b.event_id, b.tenant, b.type, b.correlation_id, b.external_job_id,
                b.occurred_at, b.topic, b.kafka_partition, b.kafka_offset, b.data,
                CASE WHEN resolves[b.n] IS NOT NULL THEN 'consumed'
+                    WHEN progress_for[b.n] IS NOT NULL THEN 'progress'
                     WHEN too_late_for[b.n] IS NOT NULL THEN 'late'
                     ELSE 'pending' END,
-               resolves[b.n], too_late_for[b.n], b.trace_parent
+               resolves[b.n], too_late_for[b.n], b.trace_parent, progress_for[b.n]
         FROM unnest(
             ingest_events.producers, ingest_events.event_ids, ingest_events.tenants,
             ingest_events.types, ingest_events.correlation_ids, ingest_events.external_job_ids,
@@ -566,6 +650,19 @@ BEGIN
         INSERT INTO matcher.match_queue (tenant, correlation_id)
         SELECT DISTINCT t, c FROM unnest(queue_tenants, queue_correlations) AS u(t, c);
         PERFORM pg_notify('matcher_match', '');  -- the rematch loop, woken at commit
+    END IF;
+
+    -- Progress: each wait it was reported on (locked by this transaction, seen waiting) has
+    -- its heartbeat due time moved on, one interval from now.
+    progressing := ARRAY(
+        SELECT DISTINCT u.w FROM unnest(progress_for) AS u(w) WHERE u.w IS NOT NULL
+    );
+    IF cardinality(progressing) > 0 THEN
+        UPDATE matcher.waits AS w
+        SET heartbeat_due = greatest(w.heartbeat_due, now() + w.heartbeat_interval),
+            last_progress_at = now(), version = w.version + 1
+        WHERE w.id = ANY (progressing)
+          AND w.state = 'waiting';
     END IF;
 
     -- Invariant 3: the waits resolved, with their outbox rows (the relay is woken at
@@ -747,6 +844,59 @@ BEGIN
         CASE WHEN register_wait_v1.external_job_id IS NULL THEN NULL
              ELSE matcher.checked_ident('external_job_id', register_wait_v1.external_job_id) END,
         register_wait_v1.deadline
+    )
+    RETURNING * INTO stored;
+    RETURN matcher.wait_json(stored);
+END $$;
+
+
+--
+-- Name: register_wait_v2(text, text, bigint, text[], text, timestamp with time zone, text, uuid, text, interval, text[]); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.register_wait_v2(tenant text, run_id text, "position" bigint, event_types text[], correlation_id text, deadline timestamp with time zone DEFAULT NULL::timestamp with time zone, external_job_id text DEFAULT NULL::text, wait_id uuid DEFAULT NULL::uuid, condition text DEFAULT NULL::text, heartbeat_interval interval DEFAULT NULL::interval, progress_types text[] DEFAULT NULL::text[]) RETURNS jsonb
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    stored matcher.waits;
+    types text[] := matcher.checked_types(register_wait_v2.event_types);
+    progress text[];
+BEGIN
+    IF (register_wait_v2.heartbeat_interval IS NULL)
+        <> (register_wait_v2.progress_types IS NULL) THEN
+        RAISE EXCEPTION 'matcher: a heartbeat needs both heartbeat_interval and progress_types'
+            USING ERRCODE = '22023';
+    END IF;
+    IF register_wait_v2.heartbeat_interval IS NOT NULL THEN
+        IF register_wait_v2.heartbeat_interval < interval '1 second'
+            OR register_wait_v2.heartbeat_interval > interval '366 days' THEN
+            RAISE EXCEPTION 'matcher: heartbeat_interval must be between 1 second and 366 days'
+                USING ERRCODE = '22023';
+        END IF;
+        progress := matcher.checked_types(register_wait_v2.progress_types);
+        IF progress && types THEN
+            RAISE EXCEPTION 'matcher: a type cannot be both an event type and a progress type'
+                USING ERRCODE = '22023';
+        END IF;
+    END IF;
+    INSERT INTO matcher.waits AS w (
+        id, tenant, run_id, "position", event_types, correlation_id, external_job_id, deadline,
+        condition, progress_types, heartbeat_interval, heartbeat_due
+    )
+    VALUES (
+        coalesce(register_wait_v2.wait_id, gen_random_uuid()),
+        matcher.checked_ident('tenant', register_wait_v2.tenant),
+        matcher.checked_ident('run_id', register_wait_v2.run_id),
+        matcher.checked_position(register_wait_v2."position"),
+        types,
+        matcher.checked_ident('correlation_id', register_wait_v2.correlation_id),
+        CASE WHEN register_wait_v2.external_job_id IS NULL THEN NULL
+             ELSE matcher.checked_ident('external_job_id', register_wait_v2.external_job_id) END,
+        register_wait_v2.deadline,
+        matcher.checked_condition(register_wait_v2.condition),
+        progress,
+        register_wait_v2.heartbeat_interval,
+        now() + register_wait_v2.heartbeat_interval
     )
     RETURNING * INTO stored;
     RETURN matcher.wait_json(stored);
@@ -1308,6 +1458,13 @@ CREATE INDEX waits_by_run ON matcher.waits USING btree (run_id, tenant, "positio
 --
 
 CREATE INDEX waits_deadline ON matcher.waits USING btree (deadline) WHERE ((state = 'waiting'::text) AND (deadline IS NOT NULL));
+
+
+--
+-- Name: waits_heartbeat_due; Type: INDEX; Schema: matcher; Owner: -
+--
+
+CREATE INDEX waits_heartbeat_due ON matcher.waits USING btree (heartbeat_due) WHERE ((state = 'waiting'::text) AND (heartbeat_due IS NOT NULL));
 
 
 --

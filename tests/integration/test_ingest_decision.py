@@ -53,20 +53,28 @@ class World:
     stored: set[tuple[str, str]]  # ids stored before the batch
     queued: set[Key]  # keys already waiting for a rematch pass
     batch: list[NewEvent]  # in arrival order
+    # Waits with a condition: "$.n >= k" by wait id (an event's data is {"n": its place}).
+    thresholds: dict[uuid.UUID, int]
 
 
 @st.composite
 def worlds(draw: st.DrawFn) -> World:
     waits = []
+    thresholds: dict[uuid.UUID, int] = {}
     for n in range(draw(st.integers(0, 8))):
         state = draw(st.sampled_from(list(WaitState)))
         tenant, correlation = draw(st.sampled_from(KEYS))
+        wait_id = uuid.UUID(int=draw(st.integers(1, 2**64)) << 8 | n)
+        types = draw(st.sets(st.sampled_from(TYPES), min_size=1))
+        if draw(st.booleans()):
+            thresholds[wait_id] = draw(st.integers(0, 6))
         waits.append(
             WaitView(
-                id=uuid.UUID(int=draw(st.integers(1, 2**64)) << 8 | n),
+                id=wait_id,
                 tenant=tenant,
                 correlation_id=correlation,
-                event_types=frozenset(draw(st.sets(st.sampled_from(TYPES), min_size=1))),
+                event_types=frozenset(types),
+                progress_types=frozenset(draw(st.sets(st.sampled_from(TYPES))) - types),
                 state=state,
                 # Ties in created_at are drawn on purpose: the id breaks them.
                 created_at=T0 + timedelta(seconds=draw(st.integers(0, 3))),
@@ -77,17 +85,20 @@ def worlds(draw: st.DrawFn) -> World:
         )
     stored = draw(st.sets(st.sampled_from(IDS), max_size=3))
     batch = [
-        NewEvent(producer, event_id, tenant, type_, correlation)
-        for (producer, event_id), (tenant, correlation), type_ in draw(
+        NewEvent(
+            producer, event_id, tenant, type_, correlation,
+            refused_by=frozenset(w for w, k in thresholds.items() if n < k),
+        )
+        for n, ((producer, event_id), (tenant, correlation), type_) in enumerate(draw(
             st.lists(
                 st.tuples(st.sampled_from(IDS), st.sampled_from(KEYS), st.sampled_from(TYPES)),
                 min_size=1,
                 max_size=12,
             )
-        )
-    ]
+        ))
+    ]  # fmt: skip
     queued = draw(st.sets(st.sampled_from(KEYS), max_size=1))
-    return World(waits, stored, queued, batch)
+    return World(waits, stored, queued, batch, thresholds)
 
 
 @pytest.fixture(scope="module")
@@ -106,14 +117,18 @@ def _set_up(conn: psycopg.Connection[Any], world: World) -> None:
         done = w.state is not WaitState.WAITING
         conn.execute(
             "INSERT INTO matcher.waits (id, tenant, run_id, position, event_types,"
-            " correlation_id, state, created_at, resolved_at, resolution)"
-            " VALUES (%s, %s, %s, 0, %s, %s, %s, %s, %s, %s)",
+            " correlation_id, state, created_at, resolved_at, resolution, condition,"
+            " progress_types, heartbeat_interval, heartbeat_due)"
+            " VALUES (%s, %s, %s, 0, %s, %s, %s, %s, %s, %s, %s::jsonpath, %s,"
+            " CASE WHEN %s THEN interval '1 hour' END, CASE WHEN %s THEN now() + '1 hour' END)",
             [
                 w.id, w.tenant, f"run-{w.id}", sorted(w.event_types), w.correlation_id,
                 w.state.value, w.created_at, w.resolved_at,
                 {"matched": "event", "timed_out": "deadline", "cancelled": "cancel"}.get(
                     w.state.value
                 ) if done else None,
+                f"$.n >= {world.thresholds[w.id]}" if w.id in world.thresholds else None,
+                sorted(w.progress_types) or None, bool(w.progress_types), bool(w.progress_types),
             ],
         )  # fmt: skip
     # The inserts queued their keys for a first look; the world says which are queued.
@@ -154,7 +169,7 @@ def _records(batch: list[NewEvent]) -> list[IngestRecord]:
 def _placements(conn: psycopg.Connection[Any]) -> dict[tuple[str, str], tuple[str, Any]]:
     """Each event of the batch as stored: its status and the wait it names."""
     rows = conn.execute(
-        "SELECT producer, event_id, status, coalesce(consumed_by, late_for)"
+        "SELECT producer, event_id, status, coalesce(consumed_by, late_for, progress_for)"
         " FROM matcher.inbox WHERE tenant <> 'old'"
     ).fetchall()
     return {(r[0], r[1]): (r[2], r[3]) for r in rows}

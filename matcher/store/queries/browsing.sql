@@ -14,7 +14,7 @@ LIMIT %(limit)s;
 -- Every stored event bearing on any of these correlation ids (inbox_by_correlation).
 SELECT producer, event_id, tenant, type, correlation_id, external_job_id, occurred_at,
        received_at, kafka_topic, kafka_partition, kafka_offset, data, status,
-       consumed_by, late_for
+       consumed_by, late_for, progress_for
 FROM matcher.inbox
 WHERE correlation_id = ANY (%(correlation_ids)s::text[])
 ORDER BY received_at, producer, event_id
@@ -125,7 +125,7 @@ LIMIT %(limit)s;
 -- name: events_by_correlation_page
 SELECT producer, event_id, tenant, type, correlation_id, external_job_id, occurred_at,
        received_at, kafka_topic, kafka_partition, kafka_offset, data, status,
-       consumed_by, late_for
+       consumed_by, late_for, progress_for
 FROM matcher.inbox
 WHERE correlation_id = %(correlation_id)s
   AND (%(job_id)s::text IS NULL OR external_job_id = %(job_id)s)
@@ -135,7 +135,7 @@ LIMIT %(limit)s OFFSET %(offset)s;
 -- name: events_by_job_page
 SELECT producer, event_id, tenant, type, correlation_id, external_job_id, occurred_at,
        received_at, kafka_topic, kafka_partition, kafka_offset, data, status,
-       consumed_by, late_for
+       consumed_by, late_for, progress_for
 FROM matcher.inbox
 WHERE external_job_id = %(job_id)s
 ORDER BY received_at DESC, producer, event_id
@@ -145,7 +145,7 @@ LIMIT %(limit)s OFFSET %(offset)s;
 -- Without an id to look for: the pending events, newest first (inbox_pending_age).
 SELECT producer, event_id, tenant, type, correlation_id, external_job_id, occurred_at,
        received_at, kafka_topic, kafka_partition, kafka_offset, data, status,
-       consumed_by, late_for
+       consumed_by, late_for, progress_for
 FROM matcher.inbox
 WHERE status = 'pending'
 ORDER BY received_at DESC

@@ -1,7 +1,9 @@
 -- name: waits_of_run
 SELECT id, tenant, run_id, position, event_types, correlation_id, deadline, state,
        created_at, resolved_at, resolution, resolved_by_producer, resolved_by_event_id,
-       external_job_id
+       external_job_id, condition::text AS condition, progress_types,
+       extract(epoch FROM heartbeat_interval)::float8 AS heartbeat_interval_s, heartbeat_due,
+       last_progress_at
 FROM matcher.waits
 WHERE run_id = %(run_id)s AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
 ORDER BY position DESC, created_at DESC
@@ -10,7 +12,10 @@ LIMIT 50;
 -- name: events_by_correlation
 SELECT producer, event_id, tenant, type, correlation_id, external_job_id, occurred_at,
        received_at, kafka_topic, kafka_partition, kafka_offset, data, status,
-       consumed_by, late_for
+       consumed_by, late_for, progress_for,
+       -- Whether its data satisfies the wait's condition (NULL: the wait has none).
+       CASE WHEN %(condition)s::text IS NOT NULL
+            THEN matcher.condition_holds(data, %(condition)s::jsonpath) END AS meets_condition
 FROM matcher.inbox
 WHERE correlation_id = %(correlation_id)s
 ORDER BY received_at, producer, event_id

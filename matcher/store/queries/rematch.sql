@@ -15,8 +15,16 @@ RETURNING q.tenant, q.correlation_id;
 
 -- name: pending_for_keys
 -- The keys' pending events, oldest first (as ingest would have taken them), locked
--- against the janitor's expiry.
-SELECT i.producer, i.event_id, i.tenant, i.type, i.correlation_id, i.received_at
+-- against the janitor's expiry; each with the waits of its key (not matched) whose
+-- condition its data does not satisfy.
+SELECT i.producer, i.event_id, i.tenant, i.type, i.correlation_id, i.received_at,
+       ARRAY(
+           SELECT w.id FROM matcher.waits AS w
+           WHERE w.tenant = i.tenant AND w.correlation_id = i.correlation_id
+             AND w.state <> 'matched' AND w.condition IS NOT NULL
+             AND i.type = ANY (w.event_types)
+             AND NOT matcher.condition_holds(i.data, w.condition)
+       ) AS refused_by
 FROM matcher.inbox AS i
 JOIN (SELECT DISTINCT t, c FROM unnest(%(tenant)b::text[], %(correlation_id)b::text[]) AS u(t, c)) AS k
   ON i.tenant = k.t AND i.correlation_id = k.c
@@ -25,13 +33,14 @@ ORDER BY i.received_at, i.kafka_partition, i.kafka_offset
 FOR UPDATE OF i;
 
 -- name: settle_pending
--- Pending events that the loop matched (consumed) or found late.
+-- Pending events that the loop matched (consumed), found late, or linked as progress.
 UPDATE matcher.inbox AS i
-SET status = u.status, consumed_by = u.consumed_by, late_for = u.late_for, status_at = now()
+SET status = u.status, consumed_by = u.consumed_by, late_for = u.late_for,
+    progress_for = u.progress_for, status_at = now()
 FROM unnest(
     %(producer)b::text[], %(event_id)b::text[], %(received_at)b::timestamptz[],
-    %(status)b::text[], %(consumed_by)b::uuid[], %(late_for)b::uuid[]
-) AS u(producer, event_id, received_at, status, consumed_by, late_for)
+    %(status)b::text[], %(consumed_by)b::uuid[], %(late_for)b::uuid[], %(progress_for)b::uuid[]
+) AS u(producer, event_id, received_at, status, consumed_by, late_for, progress_for)
 WHERE i.producer = u.producer AND i.event_id = u.event_id AND i.received_at = u.received_at
   AND i.status = 'pending'
 RETURNING 1;
@@ -58,7 +67,7 @@ FROM (
 SELECT w.id, w.tenant, w.correlation_id, w.event_types,
        coalesce(l.state, w.state) AS state, w.created_at,
        coalesce(l.resolved_at, w.resolved_at) AS resolved_at,
-       l.id IS NULL AS busy
+       l.id IS NULL AS busy, coalesce(w.progress_types, '{}') AS progress_types
 FROM matcher.waits AS w
 JOIN (SELECT DISTINCT t, c FROM unnest(%(tenant)b::text[], %(correlation_id)b::text[]) AS u(t, c)) AS k
   ON w.tenant = k.t AND w.correlation_id = k.c
@@ -75,6 +84,20 @@ SELECT matcher.resolve_waits(
     %(wait_id)b::uuid[], 'matched', 'event', 'event',
     %(producer)b::text[], %(event_id)b::text[], %(received_at)b::timestamptz[]
 );
+
+-- name: extend_heartbeats
+-- Waits that pending events reported progress on: their heartbeat due time moves on, one
+-- interval from when the event was received (an event stored before its wait was
+-- registered is linked to it, but moves nothing: the wait's first due time is later).
+UPDATE matcher.waits AS w
+SET heartbeat_due = greatest(w.heartbeat_due, u.received_at + w.heartbeat_interval),
+    last_progress_at = greatest(w.last_progress_at, u.received_at), version = w.version + 1
+FROM (
+    SELECT wait_id, max(received_at) AS received_at
+    FROM unnest(%(wait_id)b::uuid[], %(received_at)b::timestamptz[]) AS u(wait_id, received_at)
+    GROUP BY wait_id
+) AS u
+WHERE w.id = u.wait_id AND w.state = 'waiting';
 
 -- name: queue_keys
 -- Keys whose waits were busy, left to a later pass; the loop is woken at commit.

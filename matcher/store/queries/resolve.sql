@@ -1,17 +1,40 @@
 -- name: sweep_deadlines
--- Time out the earliest-due waiting waits. SKIP LOCKED: a wait that ingest, a worker or
--- another daemon's sweeper holds is left for the next sweep. A wait whose key is still
--- queued for the rematch loop is left too: an event stored before the deadline may be
--- about to resolve it (a wait registered with its event already pending must match).
-WITH due AS (
-    SELECT w.id FROM matcher.waits AS w
-    WHERE w.state = 'waiting' AND w.deadline <= now()
+-- Time out the earliest-due waiting waits: past their deadline, or their heartbeat come
+-- due (resolution 'heartbeat' when that came first; the deadline caps it). SKIP LOCKED: a
+-- wait that ingest, a worker or another daemon's sweeper holds is left for the next
+-- sweep; a progress event that moved its heartbeat on while it was held is seen when the
+-- lock is taken (the row is read again). A wait whose key is still queued for the rematch
+-- loop is left too: an event stored before the deadline may be about to resolve it (a
+-- wait registered with its event already pending must match).
+WITH candidates AS (
+    (SELECT w.id FROM matcher.waits AS w
+     WHERE w.state = 'waiting' AND w.deadline <= now()
+     ORDER BY w.deadline
+     LIMIT %(limit)s)
+    UNION
+    (SELECT w.id FROM matcher.waits AS w
+     WHERE w.state = 'waiting' AND w.heartbeat_due <= now()
+     ORDER BY w.heartbeat_due
+     LIMIT %(limit)s)
+), due AS (
+    SELECT w.id,
+           CASE WHEN w.heartbeat_due <= now()
+                     AND w.heartbeat_due < coalesce(w.deadline, 'infinity')
+                THEN 'heartbeat' ELSE 'deadline' END AS how
+    FROM matcher.waits AS w
+    JOIN candidates AS c ON c.id = w.id
+    WHERE w.state = 'waiting' AND (w.deadline <= now() OR w.heartbeat_due <= now())
       AND NOT EXISTS (
           SELECT 1 FROM matcher.match_queue AS q
           WHERE q.tenant = w.tenant AND q.correlation_id = w.correlation_id
       )
-    ORDER BY w.deadline
+    ORDER BY least(w.deadline, w.heartbeat_due)
     LIMIT %(limit)s
     FOR UPDATE OF w SKIP LOCKED
 )
-SELECT matcher.resolve_waits(coalesce(array_agg(id), '{}'), 'timed_out', 'deadline', 'timeout') FROM due;
+SELECT
+    matcher.resolve_waits(coalesce(array_agg(id) FILTER (WHERE how = 'deadline'), '{}'),
+                          'timed_out', 'deadline', 'timeout')
+    + matcher.resolve_waits(coalesce(array_agg(id) FILTER (WHERE how = 'heartbeat'), '{}'),
+                            'timed_out', 'heartbeat', 'timeout')
+FROM due;

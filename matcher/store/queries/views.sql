@@ -1,6 +1,9 @@
 -- name: waits
 SELECT id, tenant, run_id, position, event_types, correlation_id, external_job_id, deadline,
-       state, created_at, resolved_at, resolution, resolved_by_producer, resolved_by_event_id
+       state, created_at, resolved_at, resolution, resolved_by_producer, resolved_by_event_id,
+       condition::text AS condition, progress_types,
+       extract(epoch FROM heartbeat_interval)::float8 AS heartbeat_interval_s, heartbeat_due,
+       last_progress_at
 FROM matcher.waits
 WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
   AND (%(state)s::text IS NULL OR state = %(state)s)
@@ -13,7 +16,7 @@ LIMIT %(limit)s OFFSET %(offset)s;
 -- name: events
 SELECT producer, event_id, tenant, type, correlation_id, external_job_id, occurred_at,
        received_at, kafka_topic, kafka_partition, kafka_offset, data, status,
-       consumed_by, late_for
+       consumed_by, late_for, progress_for
 FROM matcher.inbox
 WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
   AND (%(correlation_id)s::text IS NULL OR correlation_id = %(correlation_id)s)

@@ -2,10 +2,13 @@
 -- functions, as a worker in any other language would.
 
 -- name: register_wait
-SELECT matcher.register_wait_v1(
+SELECT matcher.register_wait_v2(
     tenant => %(tenant)s, run_id => %(run_id)s, "position" => %(position)s,
     event_types => %(event_types)s::text[], correlation_id => %(correlation_id)s,
-    deadline => %(deadline)s, external_job_id => %(external_job_id)s, wait_id => %(id)s
+    deadline => %(deadline)s, external_job_id => %(external_job_id)s, wait_id => %(id)s,
+    condition => %(condition)s,
+    heartbeat_interval => make_interval(secs => %(heartbeat_interval_s)s::float8),
+    progress_types => %(progress_types)s::text[]
 );
 
 -- name: record_launch
