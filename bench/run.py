@@ -288,6 +288,31 @@ async def register_waits(url: str, correlations: list[str]) -> None:
             pass
 
 
+async def register_fan_in_waits(url: str, correlations: list[str]) -> None:
+    """``register_waits`` for fan-in: a wait for all of two events, one per pair of
+    correlations (its conditions as register_wait_v2 writes them)."""
+    pairs = [correlations[i : i + 2] for i in range(0, len(correlations) - 1, 2)]
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute(
+            "WITH fan_in AS ("
+            "  INSERT INTO matcher.waits (id, tenant, run_id, position, event_types,"
+            "                             correlation_id, needed)"
+            "  SELECT gen_random_uuid(), 'acme', 'run-' || a, 0, ARRAY['job.completed'], a, 2"
+            "  FROM unnest(%s::text[], %s::text[]) AS p(a, b)"
+            "  RETURNING id, correlation_id"
+            ") INSERT INTO matcher.waits (id, tenant, run_id, position, event_types,"
+            "                             correlation_id, group_id, condition_index)"
+            " SELECT gen_random_uuid(), 'acme', 'run-' || f.correlation_id, 0,"
+            "        ARRAY['job.completed'], c.correlation, f.id, c.n"
+            " FROM fan_in AS f JOIN unnest(%s::text[], %s::text[]) AS p(a, b)"
+            "   ON p.a = f.correlation_id"
+            " CROSS JOIN LATERAL (VALUES (p.a, 0), (p.b, 1)) AS c(correlation, n)",
+            [[a for a, _ in pairs], [b for _, b in pairs]] * 2,
+        )
+        while (await rematch_once(conn, limit=5000)).keys:
+            pass
+
+
 def preload(url: str, rows: int) -> None:
     """``rows`` old resolved waits and consumed events, as months of history would leave."""
     if rows == 0:
@@ -525,15 +550,23 @@ async def r_matcher(
     daemons: int = 1,
     cpu_use: CpuUse | None = None,
     kept: dict[str, str] | None = None,
+    fan_in: bool = False,
 ) -> tuple[float, int]:
     """The daemon end to end: (events/s until every resume is published, peak RSS bytes of
     the largest daemon). ``daemons`` processes share the work as one consumer group.
+    ``fan_in``: the events' waits are fan-in waits, all of two events each (one resume
+    per two events).
     ``kept`` gets the run's database URL and resume topic.
     ``cpu_use`` gets the CPU per event of each process, from the first stored batch on
     (the events stored before the meter started are not counted in it; it stays empty
     when the first batch held them all)."""
     url = env.fresh_db(preload_rows)
-    await register_waits(url, [c for c, *_ in events])
+    correlations = [c for c, *_ in events]
+    if fan_in:
+        await register_fan_in_waits(url, correlations)
+    else:
+        await register_waits(url, correlations)
+    want = len(events) // 2 if fan_in else len(events)
     resumes = await env.topic("resumes")
     if kept is not None:  # for the worker's measurement after this one
         kept.update(url=url, resumes=resumes)
@@ -550,7 +583,7 @@ async def r_matcher(
     stored_at_start: int | None = None
     try:
         with psycopg.connect(url, autocommit=True) as conn:
-            while not _all_published(conn, len(events)):
+            while not _all_published(conn, want):
                 if stored_at_start is None:
                     stored_at_start = _stored_count(conn)
                     if stored_at_start is not None:
@@ -1027,6 +1060,8 @@ async def _throughput_repetition(
     runs.setdefault("r_matcher", []).append(rate)
     worker_rate = await r_worker(env, kept["url"], kept["resumes"], len(work.events))
     runs.setdefault("r_worker", []).append(worker_rate)
+    fan_in_rate, _ = await r_matcher(env, work.topic, work.events, fan_in=True)
+    runs.setdefault("r_matcher_fan_in", []).append(fan_in_rate)
     for name, use in (("pipe", pipe_cpu), ("matcher", matcher_cpu)):
         for process, us in use.items():
             runs.setdefault(f"cpu_{name}_{process}_us_per_event", []).append(us)
@@ -1253,6 +1288,7 @@ def _ratios(
         "matcher_over_naive": m / figures["r_naive"],
         "matcher_over_dbos": m / figures["r_dbos"],
         "worker_over_matcher": figures["r_worker"] / m,
+        "fan_in_over_matcher": figures["r_matcher_fan_in"] / m,
         "matcher_2_daemons_over_1": figures["r_matcher_2_daemons"] / m,
         "matcher_3_daemons_over_1": figures["r_matcher_3_daemons"] / m,
         **{

@@ -45,7 +45,15 @@ MATCHES = Counter("matcher_matches_total", "Waits resolved by an event.")
 LATE_EVENTS = Counter(
     "matcher_late_events_total", "Events that matched a wait already timed out or cancelled."
 )
-TIMEOUTS = Counter("matcher_timeouts_total", "Waits timed out by the deadline sweeper.")
+TIMEOUTS = Counter(
+    "matcher_timeouts_total",
+    "Waits timed out by the deadline sweeper (their deadline passed, or their heartbeat came due).",
+)
+HEARTBEATS_MISSED = Counter(
+    "matcher_heartbeats_missed_total",
+    "Waits timed out because no progress event came within their heartbeat interval (counted"
+    " in matcher_timeouts_total too).",
+)
 RESUMES_PUBLISHED = Counter(
     "matcher_resumes_published_total",
     "Resume messages published, by outcome (cancels and early matches included).",

@@ -20,7 +20,8 @@ def _figures() -> dict[str, float]:
     return {
         "r_matcher": 100.0, "r_pipe": 100.0, "r_kafka": 100.0, "r_pg": 100.0,
         "r_naive": 1.0, "r_dbos": 1.0, "r_matcher_2_daemons": 100.0,
-        "r_matcher_3_daemons": 100.0, "r_worker": 50.0, "rss_peak_bytes": 1.0,
+        "r_matcher_3_daemons": 100.0, "r_worker": 50.0, "r_matcher_fan_in": 50.0,
+        "rss_peak_bytes": 1.0,
     }  # fmt: skip
 
 

@@ -41,6 +41,7 @@ def test_bench_smoke_produces_every_figure(services: Services, tmp_path: Path) -
     assert results["ratios"]["matcher_over_pipe"] > 0
     # The resume worker on the daemon's resumes, and its latency beside the daemon.
     assert figures["r_worker"] > 0
+    assert figures["r_matcher_fan_in"] > 0
     assert results["ratios"]["worker_over_matcher"] > 0
     assert 0 < figures["worker_latency_200_p50_ms"] <= figures["worker_latency_200_p99_ms"]
     assert figures["worker_latency_200_e2e_p99_ms"] > figures["worker_latency_200_p50_ms"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -21,7 +21,7 @@ from matcher.cli.output import (
     when,
 )
 from matcher.cli.settings import connect, settings_for, uuid_argument
-from matcher.domain.waits import Wait, WaitSpec
+from matcher.domain.waits import Rule, Wait, WaitCondition, WaitSpec
 from matcher.logs import quoted
 from matcher.store.waits import cancel_wait, get_wait, register_wait
 
@@ -63,15 +63,48 @@ def _parse_deadline(text: str) -> datetime:
     return moment
 
 
+def _fan_in_condition(text: str) -> WaitCondition:
+    types, sep, correlation = text.partition("=")
+    if not sep:
+        fail([f"matcher: --fan-in {quoted(text)}: write TYPES=CORRELATION"], EXIT_USAGE)
+    try:
+        return WaitCondition(event_types=types.split(","), correlation_id=correlation)
+    except ValidationError as exc:
+        fail([f"matcher: --fan-in {quoted(text)}: {line}" for line in _messages(exc)], EXIT_USAGE)
+
+
+def _messages(exc: ValidationError) -> list[str]:
+    return [str(e["msg"]).removeprefix("Value error, ") for e in exc.errors()]
+
+
+def _checked_spec(**fields: Any) -> WaitSpec:
+    """The wait the options describe, or the CLI's one line per problem."""
+    try:
+        return WaitSpec(**fields)
+    except ValidationError as exc:
+        options = {
+            "run_id": "--run",
+            "event_types": "--type",
+            "correlation_id": "--correlation",
+            "external_job_id": "--job-id",
+            "heartbeat_interval_s": "--heartbeat",
+            "progress_types": "--progress-type",
+        }
+        fail(validation_lines(exc, options), EXIT_USAGE)
+
+
 @waits_app.command("add")
 def waits_add(
     tenant: Annotated[str, typer.Option(help="Tenant the wait belongs to.")],
     run: Annotated[str, typer.Option(help="Run id.")],
     position: Annotated[int, typer.Option(help="The run's position this wait is for.")],
     event_type: Annotated[
-        list[str], typer.Option("--type", help="An accepted event type; repeat for several.")
-    ],
-    correlation: Annotated[str, typer.Option(help="Correlation id the event will carry.")],
+        list[str] | None,
+        typer.Option("--type", help="An accepted event type; repeat for several."),
+    ] = None,
+    correlation: Annotated[
+        str | None, typer.Option(help="Correlation id the event will carry.")
+    ] = None,
     deadline: Annotated[
         str | None,
         typer.Option(help="Seconds from now, or an ISO-8601 time with a timezone."),
@@ -95,32 +128,37 @@ def waits_add(
         list[str] | None,
         typer.Option(help="An event type that reports progress; repeat for several."),
     ] = None,
+    fan_in: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Fan-in: a condition, TYPES=CORRELATION (types comma-separated), instead of"
+            " --type and --correlation; repeat for each (2 to 32)."
+        ),
+    ] = None,
+    rule: Annotated[
+        Rule | None, typer.Option(help="With --fan-in: all (the default), any or at_least.")
+    ] = None,
+    at_least: Annotated[
+        int | None, typer.Option(help="With --rule at_least: how many conditions.")
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Register a wait. If a matching event already arrived, it resolves at once."""
-    try:
-        spec = WaitSpec(
-            tenant=tenant,
-            run_id=run,
-            position=position,
-            event_types=event_type,
-            correlation_id=correlation,
-            deadline=_parse_deadline(deadline) if deadline is not None else None,
-            external_job_id=job_id,
-            condition=condition,
-            heartbeat_interval_s=heartbeat,
-            progress_types=progress_type or None,
-        )
-    except ValidationError as exc:
-        options = {
-            "run_id": "--run",
-            "event_types": "--type",
-            "correlation_id": "--correlation",
-            "external_job_id": "--job-id",
-            "heartbeat_interval_s": "--heartbeat",
-            "progress_types": "--progress-type",
-        }
-        fail(validation_lines(exc, options), EXIT_USAGE)
+    spec = _checked_spec(
+        tenant=tenant,
+        run_id=run,
+        position=position,
+        event_types=event_type or None,
+        correlation_id=correlation,
+        deadline=_parse_deadline(deadline) if deadline is not None else None,
+        external_job_id=job_id,
+        condition=condition,
+        heartbeat_interval_s=heartbeat,
+        progress_types=progress_type or None,
+        conditions=None if not fan_in else [_fan_in_condition(c) for c in fan_in],
+        rule=rule,
+        at_least=at_least,
+    )
     with connect(settings_for(kafka=False)) as conn:
         try:
             wait = register_wait(conn, spec)

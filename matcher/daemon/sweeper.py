@@ -1,4 +1,5 @@
-"""The deadline sweeper: waiting waits past their deadline are timed out, in batches."""
+"""The deadline sweeper: waiting waits past their deadline, or whose heartbeat came due,
+are timed out, in batches."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from psycopg_pool import AsyncConnectionPool
 from matcher.config import Settings
 from matcher.daemon.periodic import every
 from matcher.faults import crash_point
-from matcher.metrics import TIMEOUTS
+from matcher.metrics import HEARTBEATS_MISSED, TIMEOUTS
 from matcher.store.waits import time_out_due
 
 log = logging.getLogger("matcher.sweeper")
@@ -21,9 +22,11 @@ log = logging.getLogger("matcher.sweeper")
 async def sweep_once(pool: AsyncConnectionPool, limit: int) -> int:
     """Time out up to ``limit`` due waits in one transaction; return how many."""
     async with pool.connection() as conn, conn.transaction():
-        timed_out = await time_out_due(conn, limit)
+        by_deadline, by_heartbeat = await time_out_due(conn, limit)
         crash_point("sweeper.in_transaction")
-    return timed_out
+    if by_heartbeat:
+        HEARTBEATS_MISSED.inc(by_heartbeat)
+    return by_deadline + by_heartbeat
 
 
 class Sweeper:

@@ -174,7 +174,8 @@ def _age(now: datetime, then: datetime) -> float:
 def explain(facts: ExplainFacts) -> Explanation:
     wait = facts.wait
     evidence: dict[str, Any] = {"wait": _wait_evidence(wait)}
-    late = [e for e in facts.events if e.late_for == wait.id]
+    mine = {wait.id, *(c.id for c in wait.conditions or ())}  # a fan-in wait's conditions
+    late = [e for e in facts.events if e.late_for in mine]
     if late:
         evidence["late_events"] = [_event(e) for e in late]
     if wait.state != "waiting":
@@ -187,6 +188,7 @@ def explain(facts: ExplainFacts) -> Explanation:
     _lag_on_key_partitions(facts, found)
     _arrivals(facts, late, found)
     _heartbeat(facts, found)
+    _fan_in(facts, found)
     if not found.verdicts:
         within = (
             f"within its deadline ({rfc3339(wait.deadline)})" if wait.deadline else "no deadline"
@@ -312,6 +314,30 @@ def _event_mismatches(facts: ExplainFacts, found: _Findings) -> list[dict[str, A
     return mismatches
 
 
+def _fan_in(facts: ExplainFacts, found: _Findings) -> None:
+    wait = facts.wait
+    if wait.needed is None or not wait.conditions:
+        return
+    met = [c for c in wait.conditions if c.state == "matched"]
+    open_ = [c for c in wait.conditions if c.state == "waiting"]
+    rule = (
+        "all"
+        if wait.needed == len(wait.conditions)
+        else "any"
+        if wait.needed == 1
+        else f"at least {wait.needed}"
+    )
+    waiting_for = "; ".join(
+        f"{', '.join(c.event_types)} on {quoted(c.correlation_id)}" for c in open_
+    )
+    found.evidence["conditions"] = [c.model_dump() for c in wait.conditions]
+    found.add(
+        None,
+        f"{len(met)} of {len(wait.conditions)} conditions met ({rule} needed): waiting for "
+        f"{waiting_for} since {rfc3339(wait.created_at)}",
+    )
+
+
 def _heartbeat(facts: ExplainFacts, found: _Findings) -> None:
     wait = facts.wait
     if wait.heartbeat_due is None:
@@ -377,9 +403,12 @@ def _lag_on_key_partitions(facts: ExplainFacts, found: _Findings) -> None:
 def _arrivals(facts: ExplainFacts, late: list[StoredEvent], found: _Findings) -> None:
     related = [e for e in facts.events if e not in late]
     if not facts.events and not facts.quarantined:
+        ids = sorted(
+            {facts.wait.correlation_id, *(c.correlation_id for c in facts.wait.conditions or ())}
+        )
         found.add(
             Verdict.MISSING_SIGNAL,
-            f"nothing with correlation id {quoted(facts.wait.correlation_id)} has arrived",
+            f"nothing with correlation id {' or '.join(quoted(i) for i in ids)} has arrived",
         )
     elif related:
         found.evidence["related_events"] = [_event(e) for e in related]

@@ -16,6 +16,8 @@ The rules (the same ones registration applies from the other side):
   that timed out or was cancelled is *late*, linked to the most recently resolved such
   wait;
 - anything else stays *pending* for a wait that may be registered later;
+- a fan-in wait's condition matches as a wait does, while its wait still needs
+  conditions (``needs``): an "any" wait met, its other conditions take nothing more;
 - an event whose key is *deferred* stays pending here: the rematch loop decides it, with
   the same rules, once the key is free (its waits were busy, or not yet checked against
   the stored events).
@@ -24,7 +26,7 @@ The rules (the same ones registration applies from the other side):
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -80,6 +82,7 @@ class WaitView:
     created_at: datetime
     resolved_at: datetime | None = None
     progress_types: frozenset[str] = frozenset()
+    group_id: UUID | None = None  # a fan-in wait's condition: that wait
 
     @property
     def key(self) -> Key:
@@ -128,13 +131,16 @@ def decide_batch(
     stored: Iterable[EventKey],
     waits: Iterable[WaitView],
     deferred: Collection[Key] = (),
+    needs: Mapping[UUID, int] | None = None,
 ) -> BatchDecision:
     """Decide what each event of a batch does, given what is already stored.
 
     ``stored`` holds the (producer, event id) pairs of the batch already in the inbox;
     ``waits`` holds every wait (any state) on the batch's keys; events of ``deferred``
-    keys are only stored (pending), their matching left for later.
+    keys are only stored (pending), their matching left for later; ``needs`` holds how
+    many more conditions each fan-in wait (of the conditions among ``waits``) needs.
     """
+    still_needed = dict(needs or {})
     seen: set[EventKey] = set(stored)
     waiting: dict[Key, list[WaitView]] = defaultdict(list)
     finished: dict[Key, list[WaitView]] = defaultdict(list)
@@ -157,9 +163,18 @@ def decide_batch(
             decision.placements.append(Placement(event, InboxStatus.PENDING))
             continue
         candidates = waiting.get(event.key, [])
-        taken = next((w for w in candidates if w.accepts(event)), None)
+        taken = next(
+            (
+                w
+                for w in candidates
+                if w.accepts(event) and (w.group_id is None or still_needed.get(w.group_id, 0) > 0)
+            ),
+            None,
+        )
         if taken is not None:
             candidates.remove(taken)
+            if taken.group_id is not None:
+                still_needed[taken.group_id] -= 1
             decision.placements.append(Placement(event, InboxStatus.CONSUMED, taken.id))
             continue
         # Progress goes to a wait that was waiting when the batch began, even if an

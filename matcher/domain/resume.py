@@ -34,6 +34,13 @@ class ResumeEvent(BaseModel):
     received_at: datetime
 
 
+class FanInEvent(ResumeEvent):
+    """An event that met a condition of a fan-in wait: which one, and its correlation id."""
+
+    condition: int
+    correlation_id: str
+
+
 class ResumeData(BaseModel):
     """The ``data`` of a resume CloudEvent. ``resolution_id`` is unique per resolution."""
 
@@ -82,6 +89,10 @@ class ResumeData(BaseModel):
     # timeout leaves both out: its resume is as it always was).
     timeout_reason: Literal["heartbeat"] | None = None
     last_progress_at: datetime | None = None
+    # A fan-in wait's: how many conditions it needed, and every event that met one, in
+    # order of arrival (on a timeout, those that had arrived).
+    needed: int | None = None
+    events: list[FanInEvent] | None = None
     created_at: datetime
     resolved_at: datetime
     deadline: datetime | None = None
@@ -89,7 +100,7 @@ class ResumeData(BaseModel):
 
 # Fields of a resume's data that only some resumes have (compatible extensions): absent,
 # not null, when a resume has none, so that every other resume is as it always was.
-EXTENSIONS: Final = ("timeout_reason", "last_progress_at")
+EXTENSIONS: Final = ("timeout_reason", "last_progress_at", "needed", "events")
 
 
 class NotAResume(ValueError):

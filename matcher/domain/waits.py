@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Final
+from typing import Annotated, Any, Final, TypedDict
 from uuid import UUID
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
@@ -33,10 +33,49 @@ def _distinct_sorted(types: list[str]) -> list[str]:
 MAX_CONDITION_CHARS: Final = 1000
 MIN_HEARTBEAT_S: Final = 1.0
 MAX_HEARTBEAT_S: Final = 366 * 86400.0
+MIN_CONDITIONS: Final = 2
+MAX_CONDITIONS: Final = 32
+
+
+class Rule(StrEnum):
+    """How many of a fan-in wait's conditions resolve it."""
+
+    ALL = "all"
+    ANY = "any"
+    AT_LEAST = "at_least"
+
+
+class WaitCondition(BaseModel):
+    """One condition of a fan-in wait: an event of these types with this correlation id
+    (and, optionally, data that satisfies ``condition``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    event_types: Annotated[list[Ident], Field(min_length=1), AfterValidator(_distinct_sorted)]
+    correlation_id: Ident
+    condition: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_CONDITION_CHARS,
+        description="As WaitSpec.condition.",
+    )
+
+
+class WaitShape(TypedDict, total=False):
+    """What a wait says beyond one event of some types (``WaitSpec``'s fields of that
+    name), for helpers that register waits on a caller's behalf."""
+
+    condition: str
+    heartbeat_interval_s: float
+    progress_types: list[str]
+    conditions: list[WaitCondition | dict[str, Any]]
+    rule: Rule | str
+    at_least: int
 
 
 class WaitSpec(BaseModel):
-    """What a run waits for: any of ``event_types`` with this tenant and correlation id."""
+    """What a run waits for: any of ``event_types`` with this tenant and correlation id;
+    or, with ``conditions``, several such events (all of them, any, or at least N)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -45,8 +84,12 @@ class WaitSpec(BaseModel):
     position: int = Field(
         ge=0, le=BIGINT_MAX, description="The run's position this wait belongs to."
     )
-    event_types: Annotated[list[Ident], Field(min_length=1), AfterValidator(_distinct_sorted)]
-    correlation_id: Ident
+    event_types: (
+        Annotated[list[Ident], Field(min_length=1), AfterValidator(_distinct_sorted)] | None
+    ) = Field(default=None, description="The accepted event types (none with conditions).")
+    correlation_id: Ident | None = Field(
+        default=None, description="The correlation id events carry (none with conditions)."
+    )
     deadline: datetime | None = Field(
         default=None,
         description=(
@@ -87,13 +130,69 @@ class WaitSpec(BaseModel):
         ),
     )
 
+    conditions: list[WaitCondition] | None = Field(
+        default=None,
+        min_length=MIN_CONDITIONS,
+        max_length=MAX_CONDITIONS,
+        description=(
+            "Fan-in: the wait resolves when its rule is met by these conditions, each"
+            " met by one event; instead of event_types and correlation_id."
+        ),
+    )
+    rule: Rule | None = Field(
+        default=None, description="With conditions: all (the default), any, or at_least."
+    )
+    at_least: int | None = Field(
+        default=None, ge=1, description="With rule at_least: how many conditions."
+    )
+
+    @model_validator(mode="after")
+    def _one_shape(self) -> WaitSpec:
+        if self.conditions is None:
+            if self.event_types is None or self.correlation_id is None:
+                raise ValueError("a wait needs event_types and correlation_id, or conditions")
+            if self.rule is not None or self.at_least is not None:
+                raise ValueError("rule and at_least are for a wait with conditions")
+            return self
+        if self.event_types is not None or self.correlation_id is not None:
+            raise ValueError("a wait with conditions takes no event_types or correlation_id")
+        if self.condition is not None or self.heartbeat_interval_s is not None:
+            raise ValueError("a wait with conditions has no condition or heartbeat of its own")
+        if (self.rule is Rule.AT_LEAST) != (self.at_least is not None):
+            raise ValueError("rule at_least needs at_least, and only it takes at_least")
+        if self.at_least is not None and self.at_least > len(self.conditions):
+            raise ValueError("at_least is more than the number of conditions")
+        return self
+
     @model_validator(mode="after")
     def _heartbeat_whole(self) -> WaitSpec:
         if (self.heartbeat_interval_s is None) != (self.progress_types is None):
             raise ValueError("a heartbeat needs both heartbeat_interval_s and progress_types")
-        if self.progress_types and set(self.progress_types) & set(self.event_types):
+        if self.progress_types and set(self.progress_types) & set(self.event_types or ()):
             raise ValueError("a type cannot be both an event type and a progress type")
         return self
+
+
+class ConditionEvent(BaseModel):
+    """The event that met a fan-in condition."""
+
+    source: str
+    id: str
+    received_at: datetime | None = None
+
+
+class ConditionState(BaseModel):
+    """A fan-in wait's condition as stored: ``waiting``, ``matched`` (by ``event``),
+    ``not_needed`` (the rule was met without it), ``timed_out`` or ``cancelled``."""
+
+    id: UUID
+    index: int
+    event_types: list[str]
+    correlation_id: str
+    condition: str | None = None
+    state: str
+    resolved_at: datetime | None = None
+    event: ConditionEvent | None = None
 
 
 class Wait(BaseModel):
@@ -120,3 +219,5 @@ class Wait(BaseModel):
     heartbeat_interval_s: float | None = None
     heartbeat_due: datetime | None = None
     last_progress_at: datetime | None = None
+    needed: int | None = None  # a fan-in wait: how many of its conditions resolve it
+    conditions: list[ConditionState] | None = None

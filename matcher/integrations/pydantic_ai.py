@@ -25,9 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
-from typing import Any, Final, NoReturn
+from typing import Any, Final, NoReturn, Unpack
 
 import psycopg
+from pydantic import TypeAdapter
 from pydantic_ai import Agent, CallDeferred, DeferredToolRequests, DeferredToolResults, RunContext
 from pydantic_ai.agent import AgentRunResult
 from pydantic_ai.messages import ModelMessagesTypeAdapter
@@ -35,7 +36,7 @@ from pydantic_ai.messages import ModelMessagesTypeAdapter
 from matcher import tracing
 from matcher.domain.launches import LaunchSpec
 from matcher.domain.resume import ResumeData
-from matcher.domain.waits import WaitSpec
+from matcher.domain.waits import WaitShape, WaitSpec
 from matcher.faults import crash_point
 from matcher.integrations.launching import AsyncSubmit, deadline_of, launch_once_async, wait_id_of
 from matcher.sdk.worker.handler import Retry
@@ -119,23 +120,29 @@ class AgentWaits:
         self,
         ctx: RunContext[Any],
         *,
-        event_types: list[str],
-        correlation_id: str,
+        event_types: list[str] | None = None,
+        correlation_id: str | None = None,
         deadline: datetime | None = None,
         timeout: timedelta | None = None,
+        **more: Unpack[WaitShape],
     ) -> NoReturn:
         """Defer the tool call until an event of ``event_types`` with ``correlation_id``
-        (registered by ``park``, with the run's history)."""
+        (registered by ``park``, with the run's history). ``more`` says more: a
+        ``condition`` on the data, a heartbeat, or fan-in ``conditions`` with a ``rule``
+        instead of ``event_types`` and ``correlation_id`` (docs: waits that say more);
+        checked here, so that a malformed wait fails the tool call, not ``park``."""
         _conversation(ctx.conversation_id)
         when = deadline_of(deadline, timeout)
+        shape = {"event_types": event_types, "correlation_id": correlation_id, **more}
+        WaitSpec.model_validate({"tenant": self.tenant, "run_id": "-", "position": 0} | shape)
         raise CallDeferred(
             metadata={
-                WAIT_KEY: {
-                    "event_types": event_types, "correlation_id": correlation_id,
-                    "deadline": None if when is None else when.isoformat(),
-                }
+                WAIT_KEY: TypeAdapter(dict[str, Any]).dump_python(
+                    shape | {"deadline": None if when is None else when.isoformat()},
+                    mode="json",
+                )
             }
-        )  # fmt: skip
+        )
 
     async def park(
         self, conn: psycopg.AsyncConnection[Any], result: AgentRunResult[Any]
@@ -173,13 +180,13 @@ class AgentWaits:
         wait_id = wait_id_of(self.tenant, run_id)
         if await get_wait_async(conn, wait_id) is None:
             deadline = wait.get("deadline")
+            shape = {k: v for k, v in wait.items() if k != "deadline"}
             await register_wait_async(
                 conn,
-                WaitSpec(
-                    tenant=self.tenant, run_id=run_id, position=0,
-                    event_types=wait["event_types"], correlation_id=wait["correlation_id"],
-                    deadline=None if deadline is None else datetime.fromisoformat(deadline),
-                    id=wait_id,
+                WaitSpec.model_validate(
+                    {"tenant": self.tenant, "run_id": run_id, "position": 0, "id": wait_id,
+                     "deadline": None if deadline is None else datetime.fromisoformat(deadline)}
+                    | shape
                 ),
             )  # fmt: skip
         return str(wait_id)

@@ -39,8 +39,12 @@ async def gather(
             raise AmbiguousRun(tenants)
         wait = Wait.model_validate(waits[0])
         params = {"correlation_id": wait.correlation_id}
+        correlations = sorted(
+            {wait.correlation_id, *(c.correlation_id for c in wait.conditions or ())}
+        )
         await cur.execute(
-            query("explain", "events_by_correlation"), params | {"condition": wait.condition}
+            query("explain", "events_by_correlation"),
+            {"correlation_ids": correlations, "condition": wait.condition},
         )
         found = await cur.fetchall()
         events = [StoredEvent.model_validate(row) for row in found]

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
+from uuid import UUID
 
 from matcher.domain.matching import (
     InboxStatus,
@@ -42,11 +43,15 @@ class RematchResult:
     busy: int = 0
 
 
-def wait_views(rows: list[tuple[Any, ...]]) -> tuple[list[WaitView], set[Key]]:
-    """The rows of ``waits_for_keys`` as views, and the keys of the busy ones (locked by
-    another transaction: their matching is left to the rematch loop)."""
+def wait_views(
+    rows: list[tuple[Any, ...]],
+) -> tuple[list[WaitView], set[Key], dict[UUID, int]]:
+    """The rows of ``waits_for_keys`` as views, the keys of the busy ones (locked by
+    another transaction: their matching is left to the rematch loop), and how many more
+    conditions each fan-in wait of theirs needs."""
     views: list[WaitView] = []
     busy: set[Key] = set()
+    needs: dict[UUID, int] = {}
     for row in rows:
         view = WaitView(
             id=row[0],
@@ -57,11 +62,14 @@ def wait_views(rows: list[tuple[Any, ...]]) -> tuple[list[WaitView], set[Key]]:
             created_at=row[5],
             resolved_at=row[6],
             progress_types=frozenset(row[8]),
+            group_id=row[9],
         )
         views.append(view)
         if row[7]:
             busy.add(view.key)
-    return views, busy
+        elif row[9] is not None and row[10] is not None:
+            needs[row[9]] = row[10]
+    return views, busy, needs
 
 
 def key_arrays(keys: Iterable[Key]) -> dict[str, list[str]]:
@@ -131,10 +139,10 @@ async def rematch_once(
         waits_cur = await conn.execute(query("rematch", "waits_for_keys"), params)
         pending_cur = await conn.execute(query("rematch", "pending_for_keys"), params)
         await pipeline.sync()
-        waits, busy = wait_views(await waits_cur.fetchall())
+        waits, busy, needs = wait_views(await waits_cur.fetchall())
         events = _pending(await pending_cur.fetchall())
         # Stored already, so none is a duplicate; busy keys are decided next time.
-        decision = decide_batch(events, (), waits, deferred=busy)
+        decision = decide_batch(events, (), waits, deferred=busy, needs=needs)
         settled = [p for p in decision.placements if p.status is not InboxStatus.PENDING]
         resolutions = decision.resolutions
         resolve_cur = None

@@ -92,8 +92,14 @@ CREATE FUNCTION matcher.resolve_waits(wait_ids uuid[], new_state text, how text,
     AS $$
 DECLARE
     resolved_count bigint;
-    -- A variable, not a constant: see above.
+    -- A variable, not a constant: see migration 0013.
     still_waiting text := 'waiting';
+    groups uuid[];
+    fan_ins uuid[];
+    complete uuid[];
+    complete_producers text[];
+    complete_event_ids text[];
+    complete_received timestamptz[];
 BEGIN
     WITH target AS (
         SELECT *
@@ -116,13 +122,50 @@ BEGIN
             version = w.version + 1
         FROM target AS t
         WHERE w.id = t.wait_id AND w.state = still_waiting
-        RETURNING w.id, w.tenant, w.run_id
+        RETURNING w.id, w.tenant, w.run_id, w.group_id, w.needed
     ), queued AS (
         INSERT INTO matcher.outbox (wait_id, tenant, run_id, outcome)
         SELECT id, tenant, run_id, resolve_waits.outcome FROM resolved
+        WHERE group_id IS NULL
         RETURNING 1
     )
-    SELECT count(*) INTO resolved_count FROM queued;
+    SELECT count(*),
+           array_agg(DISTINCT group_id) FILTER (WHERE group_id IS NOT NULL),
+           array_agg(id) FILTER (WHERE needed IS NOT NULL)
+    INTO resolved_count, groups, fan_ins
+    FROM resolved;
+
+    IF fan_ins IS NOT NULL THEN
+        UPDATE matcher.waits AS c
+        SET state = resolve_waits.new_state, resolved_at = now(),
+            resolution = CASE WHEN resolve_waits.new_state = 'matched' THEN 'group'
+                              ELSE resolve_waits.how END,
+            version = c.version + 1
+        WHERE c.group_id = ANY (fan_ins) AND c.state = still_waiting;
+    END IF;
+
+    IF groups IS NOT NULL THEN
+        -- The fan-in waits whose rule is met now, each with the event that completed it
+        -- (the last to arrive of those that counted).
+        SELECT array_agg(p.id ORDER BY p.id), array_agg(last.producer ORDER BY p.id),
+               array_agg(last.event_id ORDER BY p.id), array_agg(last.received_at ORDER BY p.id)
+        INTO complete, complete_producers, complete_event_ids, complete_received
+        FROM matcher.waits AS p
+        CROSS JOIN LATERAL (
+            SELECT c.resolved_by_producer AS producer, c.resolved_by_event_id AS event_id,
+                   c.resolved_by_received_at AS received_at, count(*) OVER () AS met
+            FROM matcher.waits AS c
+            WHERE c.group_id = p.id AND c.state = 'matched' AND c.resolution = 'event'
+            ORDER BY c.resolved_by_received_at DESC, c.condition_index DESC
+            LIMIT 1
+        ) AS last
+        WHERE p.id = ANY (groups) AND p.state = still_waiting AND last.met >= p.needed;
+        IF complete IS NOT NULL THEN
+            PERFORM matcher.resolve_waits(
+                complete, 'matched', 'event', 'event', complete_producers, complete_event_ids,
+                complete_received);
+        END IF;
+    END IF;
     RETURN resolved_count;
 END
 $$;
@@ -244,6 +287,32 @@ END $$;
 
 
 --
+-- Name: fan_in_events(uuid); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.fan_in_events(fan_in uuid) RETURNS json
+    LANGUAGE plpgsql STABLE PARALLEL SAFE
+    AS $$
+BEGIN
+RETURN (
+    SELECT coalesce(json_agg(json_build_object(
+        'condition', c.condition_index, 'correlation_id', c.correlation_id,
+        'source', c.resolved_by_producer, 'id', c.resolved_by_event_id,
+        'type', coalesce(i.type, ''), 'data', i.data, 'external_job_id', i.external_job_id,
+        'occurred_at', matcher.rfc3339(i.occurred_at), 'topic', i.kafka_topic,
+        'partition', i.kafka_partition, 'offset', i.kafka_offset,
+        'received_at', matcher.rfc3339(c.resolved_by_received_at)
+    ) ORDER BY c.resolved_by_received_at, c.condition_index), '[]'::json)
+    FROM matcher.waits AS c
+    LEFT JOIN matcher.inbox AS i
+      ON i.producer = c.resolved_by_producer AND i.event_id = c.resolved_by_event_id
+      AND i.received_at = c.resolved_by_received_at
+    WHERE c.group_id = fan_in_events.fan_in AND c.resolution = 'event'
+);
+END $$;
+
+
+--
 -- Name: rfc3339(timestamp with time zone); Type: FUNCTION; Schema: matcher; Owner: -
 --
 
@@ -310,10 +379,15 @@ CREATE TABLE matcher.waits (
     heartbeat_interval interval,
     heartbeat_due timestamp with time zone,
     last_progress_at timestamp with time zone,
+    group_id uuid,
+    condition_index integer,
+    needed integer,
     CONSTRAINT waits_check CHECK (((state = 'waiting'::text) = (resolved_at IS NULL))),
+    CONSTRAINT waits_condition_of_check CHECK (((group_id IS NULL) = (condition_index IS NULL))),
     CONSTRAINT waits_event_types_check CHECK ((cardinality(event_types) > 0)),
     CONSTRAINT waits_heartbeat_check CHECK ((((heartbeat_interval IS NULL) = (progress_types IS NULL)) AND ((heartbeat_interval IS NULL) = (heartbeat_due IS NULL)))),
-    CONSTRAINT waits_resolution_check CHECK ((resolution = ANY (ARRAY['event'::text, 'deadline'::text, 'heartbeat'::text, 'cancel'::text]))),
+    CONSTRAINT waits_needed_check CHECK (((needed IS NULL) OR ((needed >= 1) AND (group_id IS NULL)))),
+    CONSTRAINT waits_resolution_check CHECK ((resolution = ANY (ARRAY['event'::text, 'deadline'::text, 'heartbeat'::text, 'cancel'::text, 'group'::text]))),
     CONSTRAINT waits_state_check CHECK ((state = ANY (ARRAY['waiting'::text, 'matched'::text, 'timed_out'::text, 'cancelled'::text])))
 );
 
@@ -324,7 +398,7 @@ CREATE TABLE matcher.waits (
 
 CREATE FUNCTION matcher.resume_data(resolution_id uuid, outcome text, w matcher.waits, i matcher.inbox) RETURNS json
     LANGUAGE sql STABLE PARALLEL SAFE
-    RETURN CASE WHEN ((w).resolution IS DISTINCT FROM 'heartbeat'::text) THEN json_build_object('resolution_id', resolution_id, 'tenant', (w).tenant, 'run_id', (w).run_id, 'position', (w)."position", 'outcome', outcome, 'wait_id', (w).id, 'correlation_id', (w).correlation_id, 'event_types', (w).event_types, 'event', CASE WHEN (outcome = 'event'::text) THEN json_build_object('source', (w).resolved_by_producer, 'id', (w).resolved_by_event_id, 'type', COALESCE((i).type, ''::text), 'data', (i).data, 'external_job_id', (i).external_job_id, 'occurred_at', matcher.rfc3339((i).occurred_at), 'topic', (i).kafka_topic, 'partition', (i).kafka_partition, 'offset', (i).kafka_offset, 'received_at', matcher.rfc3339(COALESCE((i).received_at, (w).resolved_at))) ELSE NULL::json END, 'created_at', matcher.rfc3339((w).created_at), 'resolved_at', matcher.rfc3339((w).resolved_at), 'deadline', matcher.rfc3339((w).deadline)) ELSE json_build_object('resolution_id', resolution_id, 'tenant', (w).tenant, 'run_id', (w).run_id, 'position', (w)."position", 'outcome', outcome, 'wait_id', (w).id, 'correlation_id', (w).correlation_id, 'event_types', (w).event_types, 'event', NULL::unknown, 'created_at', matcher.rfc3339((w).created_at), 'resolved_at', matcher.rfc3339((w).resolved_at), 'deadline', matcher.rfc3339((w).deadline), 'timeout_reason', 'heartbeat', 'last_progress_at', matcher.rfc3339((w).last_progress_at)) END;
+    RETURN CASE WHEN ((w).needed IS NOT NULL) THEN json_build_object('resolution_id', resolution_id, 'tenant', (w).tenant, 'run_id', (w).run_id, 'position', (w)."position", 'outcome', outcome, 'wait_id', (w).id, 'correlation_id', (w).correlation_id, 'event_types', (w).event_types, 'event', CASE WHEN (outcome = 'event'::text) THEN json_build_object('source', (w).resolved_by_producer, 'id', (w).resolved_by_event_id, 'type', COALESCE((i).type, ''::text), 'data', (i).data, 'external_job_id', (i).external_job_id, 'occurred_at', matcher.rfc3339((i).occurred_at), 'topic', (i).kafka_topic, 'partition', (i).kafka_partition, 'offset', (i).kafka_offset, 'received_at', matcher.rfc3339(COALESCE((i).received_at, (w).resolved_at))) ELSE NULL::json END, 'created_at', matcher.rfc3339((w).created_at), 'resolved_at', matcher.rfc3339((w).resolved_at), 'deadline', matcher.rfc3339((w).deadline), 'needed', (w).needed, 'events', matcher.fan_in_events((w).id)) WHEN ((w).resolution IS DISTINCT FROM 'heartbeat'::text) THEN json_build_object('resolution_id', resolution_id, 'tenant', (w).tenant, 'run_id', (w).run_id, 'position', (w)."position", 'outcome', outcome, 'wait_id', (w).id, 'correlation_id', (w).correlation_id, 'event_types', (w).event_types, 'event', CASE WHEN (outcome = 'event'::text) THEN json_build_object('source', (w).resolved_by_producer, 'id', (w).resolved_by_event_id, 'type', COALESCE((i).type, ''::text), 'data', (i).data, 'external_job_id', (i).external_job_id, 'occurred_at', matcher.rfc3339((i).occurred_at), 'topic', (i).kafka_topic, 'partition', (i).kafka_partition, 'offset', (i).kafka_offset, 'received_at', matcher.rfc3339(COALESCE((i).received_at, (w).resolved_at))) ELSE NULL::json END, 'created_at', matcher.rfc3339((w).created_at), 'resolved_at', matcher.rfc3339((w).resolved_at), 'deadline', matcher.rfc3339((w).deadline)) ELSE json_build_object('resolution_id', resolution_id, 'tenant', (w).tenant, 'run_id', (w).run_id, 'position', (w)."position", 'outcome', outcome, 'wait_id', (w).id, 'correlation_id', (w).correlation_id, 'event_types', (w).event_types, 'event', NULL::unknown, 'created_at', matcher.rfc3339((w).created_at), 'resolved_at', matcher.rfc3339((w).resolved_at), 'deadline', matcher.rfc3339((w).deadline), 'timeout_reason', 'heartbeat', 'last_progress_at', matcher.rfc3339((w).last_progress_at)) END;
 
 
 --
@@ -410,6 +484,30 @@ $$;
 
 
 --
+-- Name: fan_in_json(uuid); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.fan_in_json(fan_in uuid) RETURNS jsonb
+    LANGUAGE plpgsql STABLE PARALLEL SAFE
+    AS $$
+BEGIN
+RETURN (
+    SELECT jsonb_agg(jsonb_build_object(
+        'id', c.id, 'index', c.condition_index, 'event_types', to_jsonb(c.event_types),
+        'correlation_id', c.correlation_id, 'condition', c.condition::text,
+        'state', CASE WHEN c.resolution = 'group' THEN 'not_needed' ELSE c.state END,
+        'resolved_at', matcher.rfc3339(c.resolved_at),
+        'event', CASE WHEN c.resolution = 'event' THEN jsonb_build_object(
+            'source', c.resolved_by_producer, 'id', c.resolved_by_event_id,
+            'received_at', matcher.rfc3339(c.resolved_by_received_at)) END
+    ) ORDER BY c.condition_index)
+    FROM matcher.waits AS c
+    WHERE c.group_id = fan_in_json.fan_in
+);
+END $$;
+
+
+--
 -- Name: launches; Type: TABLE; Schema: matcher; Owner: -
 --
 
@@ -454,7 +552,7 @@ CREATE FUNCTION matcher.get_launch_v1(launch_id uuid) RETURNS jsonb
 
 CREATE FUNCTION matcher.wait_json(w matcher.waits) RETURNS jsonb
     LANGUAGE sql STABLE PARALLEL SAFE
-    RETURN jsonb_build_object('id', (w).id, 'tenant', (w).tenant, 'run_id', (w).run_id, 'position', (w)."position", 'event_types', to_jsonb((w).event_types), 'correlation_id', (w).correlation_id, 'external_job_id', (w).external_job_id, 'deadline', matcher.rfc3339((w).deadline), 'state', (w).state, 'created_at', matcher.rfc3339((w).created_at), 'resolved_at', matcher.rfc3339((w).resolved_at), 'resolution', (w).resolution, 'resolved_by_producer', (w).resolved_by_producer, 'resolved_by_event_id', (w).resolved_by_event_id, 'condition', ((w).condition)::text, 'progress_types', to_jsonb((w).progress_types), 'heartbeat_interval_s', EXTRACT(epoch FROM (w).heartbeat_interval), 'heartbeat_due', matcher.rfc3339((w).heartbeat_due), 'last_progress_at', matcher.rfc3339((w).last_progress_at));
+    RETURN jsonb_build_object('id', (w).id, 'tenant', (w).tenant, 'run_id', (w).run_id, 'position', (w)."position", 'event_types', to_jsonb((w).event_types), 'correlation_id', (w).correlation_id, 'external_job_id', (w).external_job_id, 'deadline', matcher.rfc3339((w).deadline), 'state', (w).state, 'created_at', matcher.rfc3339((w).created_at), 'resolved_at', matcher.rfc3339((w).resolved_at), 'resolution', (w).resolution, 'resolved_by_producer', (w).resolved_by_producer, 'resolved_by_event_id', (w).resolved_by_event_id, 'condition', ((w).condition)::text, 'progress_types', to_jsonb((w).progress_types), 'heartbeat_interval_s', EXTRACT(epoch FROM (w).heartbeat_interval), 'heartbeat_due', matcher.rfc3339((w).heartbeat_due), 'last_progress_at', matcher.rfc3339((w).last_progress_at), 'needed', (w).needed, 'conditions', CASE WHEN ((w).needed IS NOT NULL) THEN matcher.fan_in_json((w).id) ELSE NULL::jsonb END);
 
 
 --
@@ -543,14 +641,16 @@ BEGIN
         -- key is left to the rematch loop, not waited for); the state kept is the locked
         -- row's, which is current.
         SELECT f.n, f.fresh, f.tenant, f.correlation_id, s.busy, s.takes, s.late_for,
-               s.progress_of,
+               s.progress_of, s.takes_group,
                f.fresh AND EXISTS (
                    SELECT 1 FROM matcher.match_queue AS q
                    WHERE q.tenant = f.tenant AND q.correlation_id = f.correlation_id
                ) AS queued
         FROM firsts AS f
         LEFT JOIN LATERAL (
-            SELECT bool_or(l.id IS NULL) AS busy,
+            SELECT bool_or(l.id IS NULL
+                           OR (w.group_id IS NOT NULL AND w.state = 'waiting' AND g.id IS NULL)
+                   ) AS busy,
                    -- The oldest waiting wait that accepts it (created_at, then id): its
                    -- type, and its condition if it has one.
                    (array_agg(w.id ORDER BY w.created_at, w.id)
@@ -559,6 +659,13 @@ BEGIN
                                  AND (w.condition IS NULL
                                       OR matcher.condition_holds(f.data, w.condition))
                        ))[1] AS takes,
+                   -- The fan-in wait of the condition it meets, if that is one.
+                   (array_agg(w.group_id ORDER BY w.created_at, w.id)
+                       FILTER (WHERE coalesce(l.state, w.state) = 'waiting'
+                                 AND f.type = ANY (w.event_types)
+                                 AND (w.condition IS NULL
+                                      OR matcher.condition_holds(f.data, w.condition))
+                       ))[1] AS takes_group,
                    -- Else the oldest waiting wait it reports progress on.
                    (array_agg(w.id ORDER BY w.created_at, w.id)
                        FILTER (WHERE coalesce(l.state, w.state) = 'waiting'
@@ -579,19 +686,35 @@ BEGIN
                 WHERE x.id = w.id
                 FOR UPDATE SKIP LOCKED
             ) AS l ON true
+            -- A fan-in condition's wait is locked with it (one transaction at a time
+            -- decides for a fan-in wait); held elsewhere, the condition is busy.
+            LEFT JOIN LATERAL (
+                SELECT p.id FROM matcher.waits AS p
+                WHERE p.id = w.group_id AND w.state = 'waiting'
+                FOR UPDATE SKIP LOCKED
+            ) AS g ON true
             WHERE f.fresh AND w.tenant = f.tenant AND w.correlation_id = f.correlation_id
-              AND w.state <> 'matched'
+              AND w.state <> 'matched' AND w.needed IS NULL
         ) AS s ON true
     ), placed AS (
         SELECT k.*, k.fresh AND NOT (k.queued OR k.to_rematch) AS decided_here
         FROM (
             -- A key is decided here unless a wait of it is busy, or two new events find
-            -- waiting waits in it (their order would decide which takes which).
+            -- waiting waits in it (their order would decide which takes which), or two
+            -- new events meet conditions of one fan-in wait (what it still needs decides
+            -- whether the second counts).
             SELECT l.*,
                    (l.tenant, l.correlation_id) IN (
                        SELECT o.tenant, o.correlation_id FROM looked AS o
                        GROUP BY o.tenant, o.correlation_id
                        HAVING bool_or(o.busy) OR count(o.takes) > 1
+                       UNION ALL
+                       SELECT o.tenant, o.correlation_id FROM looked AS o
+                       WHERE o.takes_group IN (
+                           SELECT x.takes_group FROM looked AS x
+                           WHERE x.takes_group IS NOT NULL
+                           GROUP BY x.takes_group HAVING count(*) > 1
+                       )
                    ) AS to_rematch
             FROM looked AS l
         ) AS k
@@ -851,17 +974,82 @@ END $$;
 
 
 --
--- Name: register_wait_v2(text, text, bigint, text[], text, timestamp with time zone, text, uuid, text, interval, text[]); Type: FUNCTION; Schema: matcher; Owner: -
+-- Name: register_wait_v2(text, text, bigint, text[], text, timestamp with time zone, text, uuid, text, interval, text[], jsonb, text, integer); Type: FUNCTION; Schema: matcher; Owner: -
 --
 
-CREATE FUNCTION matcher.register_wait_v2(tenant text, run_id text, "position" bigint, event_types text[], correlation_id text, deadline timestamp with time zone DEFAULT NULL::timestamp with time zone, external_job_id text DEFAULT NULL::text, wait_id uuid DEFAULT NULL::uuid, condition text DEFAULT NULL::text, heartbeat_interval interval DEFAULT NULL::interval, progress_types text[] DEFAULT NULL::text[]) RETURNS jsonb
+CREATE FUNCTION matcher.register_wait_v2(tenant text, run_id text, "position" bigint, event_types text[] DEFAULT NULL::text[], correlation_id text DEFAULT NULL::text, deadline timestamp with time zone DEFAULT NULL::timestamp with time zone, external_job_id text DEFAULT NULL::text, wait_id uuid DEFAULT NULL::uuid, condition text DEFAULT NULL::text, heartbeat_interval interval DEFAULT NULL::interval, progress_types text[] DEFAULT NULL::text[], conditions jsonb DEFAULT NULL::jsonb, rule text DEFAULT NULL::text, at_least integer DEFAULT NULL::integer) RETURNS jsonb
     LANGUAGE plpgsql
     AS $$
 DECLARE
     stored matcher.waits;
-    types text[] := matcher.checked_types(register_wait_v2.event_types);
+    types text[];
     progress text[];
+    parts jsonb;
+    part jsonb;
+    n integer;
+    needed integer;
+    the_tenant text := matcher.checked_ident('tenant', register_wait_v2.tenant);
+    the_run text := matcher.checked_ident('run_id', register_wait_v2.run_id);
+    the_position bigint := matcher.checked_position(register_wait_v2."position");
+    part_correlations text[] := '{}';
+    part_conditions jsonpath[] := '{}';
+    all_types text[] := '{}';
 BEGIN
+    IF register_wait_v2.conditions IS NULL THEN
+        IF register_wait_v2.rule IS NOT NULL OR register_wait_v2.at_least IS NOT NULL THEN
+            RAISE EXCEPTION 'matcher: rule and at_least are for a wait with conditions'
+                USING ERRCODE = '22023';
+        END IF;
+        types := matcher.checked_types(register_wait_v2.event_types);
+    ELSE
+        IF register_wait_v2.event_types IS NOT NULL OR register_wait_v2.correlation_id IS NOT NULL
+           OR register_wait_v2.condition IS NOT NULL
+           OR register_wait_v2.heartbeat_interval IS NOT NULL
+           OR register_wait_v2.progress_types IS NOT NULL THEN
+            RAISE EXCEPTION 'matcher: a wait with conditions takes its event types, correlation '
+                'ids and data conditions from them (and has no heartbeat)'
+                USING ERRCODE = '22023';
+        END IF;
+        IF jsonb_typeof(register_wait_v2.conditions) IS DISTINCT FROM 'array'
+           OR jsonb_array_length(register_wait_v2.conditions) NOT BETWEEN 2 AND 32 THEN
+            RAISE EXCEPTION 'matcher: conditions must be an array of 2 to 32 conditions'
+                USING ERRCODE = '22023';
+        END IF;
+        n := jsonb_array_length(register_wait_v2.conditions);
+        needed := CASE coalesce(register_wait_v2.rule, 'all')
+                      WHEN 'all' THEN n WHEN 'any' THEN 1
+                      WHEN 'at_least' THEN register_wait_v2.at_least END;
+        IF needed IS NULL OR needed NOT BETWEEN 1 AND n
+           OR (register_wait_v2.at_least IS NOT NULL
+               AND coalesce(register_wait_v2.rule, 'all') <> 'at_least') THEN
+            RAISE EXCEPTION 'matcher: rule must be all, any, or at_least with at_least between 1 '
+                'and the number of conditions (%)', n USING ERRCODE = '22023';
+        END IF;
+        FOR part IN SELECT value FROM jsonb_array_elements(register_wait_v2.conditions) LOOP
+            IF jsonb_typeof(part) IS DISTINCT FROM 'object'
+               OR jsonb_typeof(part -> 'event_types') IS DISTINCT FROM 'array'
+               OR jsonb_typeof(part -> 'correlation_id') IS DISTINCT FROM 'string'
+               OR (part ? 'condition' AND jsonb_typeof(part -> 'condition') NOT IN ('string', 'null'))
+               OR EXISTS (SELECT 1 FROM jsonb_object_keys(part) AS k
+                          WHERE k NOT IN ('event_types', 'correlation_id', 'condition')) THEN
+                RAISE EXCEPTION 'matcher: each condition is {"event_types": [...], '
+                    '"correlation_id": "...", "condition": "..." (optional)}'
+                    USING ERRCODE = '22023';
+            END IF;
+            IF EXISTS (SELECT 1 FROM jsonb_array_elements(part -> 'event_types') AS t
+                       WHERE jsonb_typeof(t) <> 'string') THEN
+                RAISE EXCEPTION 'matcher: a condition''s event_types must be strings'
+                    USING ERRCODE = '22023';
+            END IF;
+            types := matcher.checked_types(
+                ARRAY(SELECT jsonb_array_elements_text(part -> 'event_types')));
+            all_types := all_types || types;
+            part_correlations := part_correlations
+                || matcher.checked_ident('correlation_id', part ->> 'correlation_id');
+            part_conditions := part_conditions || matcher.checked_condition(part ->> 'condition');
+        END LOOP;
+        types := matcher.checked_types(all_types);
+    END IF;
     IF (register_wait_v2.heartbeat_interval IS NULL)
         <> (register_wait_v2.progress_types IS NULL) THEN
         RAISE EXCEPTION 'matcher: a heartbeat needs both heartbeat_interval and progress_types'
@@ -881,24 +1069,36 @@ BEGIN
     END IF;
     INSERT INTO matcher.waits AS w (
         id, tenant, run_id, "position", event_types, correlation_id, external_job_id, deadline,
-        condition, progress_types, heartbeat_interval, heartbeat_due
+        condition, progress_types, heartbeat_interval, heartbeat_due, needed
     )
     VALUES (
         coalesce(register_wait_v2.wait_id, gen_random_uuid()),
-        matcher.checked_ident('tenant', register_wait_v2.tenant),
-        matcher.checked_ident('run_id', register_wait_v2.run_id),
-        matcher.checked_position(register_wait_v2."position"),
-        types,
-        matcher.checked_ident('correlation_id', register_wait_v2.correlation_id),
+        the_tenant, the_run, the_position, types,
+        CASE WHEN register_wait_v2.conditions IS NULL
+             THEN matcher.checked_ident('correlation_id', register_wait_v2.correlation_id)
+             ELSE part_correlations[1] END,
         CASE WHEN register_wait_v2.external_job_id IS NULL THEN NULL
              ELSE matcher.checked_ident('external_job_id', register_wait_v2.external_job_id) END,
         register_wait_v2.deadline,
         matcher.checked_condition(register_wait_v2.condition),
         progress,
         register_wait_v2.heartbeat_interval,
-        now() + register_wait_v2.heartbeat_interval
+        now() + register_wait_v2.heartbeat_interval,
+        needed
     )
     RETURNING * INTO stored;
+    IF register_wait_v2.conditions IS NOT NULL THEN
+        INSERT INTO matcher.waits (
+            id, tenant, run_id, "position", event_types, correlation_id, condition, group_id,
+            condition_index
+        )
+        SELECT gen_random_uuid(), the_tenant, the_run, the_position,
+               matcher.checked_types(
+                   ARRAY(SELECT jsonb_array_elements_text(p.value -> 'event_types'))),
+               part_correlations[p.ordinality], part_conditions[p.ordinality], stored.id,
+               p.ordinality - 1
+        FROM jsonb_array_elements(register_wait_v2.conditions) WITH ORDINALITY AS p;
+    END IF;
     RETURN matcher.wait_json(stored);
 END $$;
 
@@ -1437,6 +1637,13 @@ CREATE INDEX quarantine_received ON matcher.quarantine USING btree (received_at)
 --
 
 CREATE INDEX quarantine_unreplayed ON matcher.quarantine USING btree (reason, id) WHERE (replayed_at IS NULL);
+
+
+--
+-- Name: waits_by_group; Type: INDEX; Schema: matcher; Owner: -
+--
+
+CREATE INDEX waits_by_group ON matcher.waits USING btree (group_id, condition_index) WHERE (group_id IS NOT NULL);
 
 
 --

@@ -66,12 +66,14 @@ async def cancel_wait_async(conn: AsyncConn, wait_id: UUID | str) -> bool:
     return await call_async(conn, cancel_wait_call(wait_id))
 
 
-async def time_out_due(conn: AsyncConn, limit: int) -> int:
-    """Time out up to ``limit`` waits past their deadline (the sweeper; in the caller's
-    transaction); return how many."""
+async def time_out_due(conn: AsyncConn, limit: int) -> tuple[int, int]:
+    """Time out up to ``limit`` waits past their deadline or whose heartbeat came due (the
+    sweeper; in the caller's transaction); return how many of each."""
     cur = await conn.execute(query("resolve", "sweep_deadlines"), {"limit": limit})
     row = await cur.fetchone()
-    return int(row[0]) if row and row[0] else 0
+    if row is None:
+        return 0, 0
+    return int(row[0] or 0), int(row[1] or 0)
 
 
 def get_wait(conn: Conn, wait_id: UUID | str) -> Wait | None:

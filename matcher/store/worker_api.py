@@ -18,6 +18,7 @@ from uuid import UUID
 
 import psycopg
 from psycopg.rows import tuple_row
+from psycopg.types.json import Jsonb
 
 from matcher.domain.launches import Launch, LaunchSpec
 from matcher.domain.resume import ResumeData, read_resume
@@ -90,8 +91,10 @@ def _aware(moment: datetime | None, what: str) -> datetime | None:
 
 
 def register_wait_call(spec: WaitSpec) -> Call[Wait]:
-    params = spec.model_dump()
+    params = spec.model_dump(mode="json", exclude={"deadline", "id"})
     params["deadline"] = _aware(spec.deadline, "deadline")
+    params["id"] = spec.id
+    params["conditions"] = None if spec.conditions is None else Jsonb(params["conditions"])
     return Call("register_wait", params, lambda row: Wait.model_validate(row[0]))
 
 

@@ -18,7 +18,7 @@ import asyncio
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -55,12 +55,21 @@ class World:
     batch: list[NewEvent]  # in arrival order
     # Waits with a condition: "$.n >= k" by wait id (an event's data is {"n": its place}).
     thresholds: dict[uuid.UUID, int]
+    # Fan-in waits (waiting), by id: how many conditions they need, and their own key
+    # (which no event may resolve them by). Their conditions are waits with group_id.
+    groups: dict[uuid.UUID, tuple[int, Key]] = field(default_factory=dict)
+
+    def needs(self) -> dict[uuid.UUID, int]:
+        """How many more conditions each fan-in wait needs."""
+        met = Counter(w.group_id for w in self.waits if w.group_id and w.state is WaitState.MATCHED)
+        return {g: needed - met[g] for g, (needed, _) in self.groups.items()}
 
 
 @st.composite
 def worlds(draw: st.DrawFn) -> World:
     waits = []
     thresholds: dict[uuid.UUID, int] = {}
+    group_ids = [uuid.UUID(int=(1 << 120) | g) for g in range(draw(st.integers(0, 2)))]
     for n in range(draw(st.integers(0, 8))):
         state = draw(st.sampled_from(list(WaitState)))
         tenant, correlation = draw(st.sampled_from(KEYS))
@@ -68,13 +77,24 @@ def worlds(draw: st.DrawFn) -> World:
         types = draw(st.sets(st.sampled_from(TYPES), min_size=1))
         if draw(st.booleans()):
             thresholds[wait_id] = draw(st.integers(0, 6))
+        # A fan-in condition (of a waiting fan-in wait): waiting, or met already.
+        group = (
+            draw(st.sampled_from([None, *group_ids]))
+            if group_ids and state in (WaitState.WAITING, WaitState.MATCHED)
+            else None
+        )
+        if group is not None:
+            tenant = "acme"  # a fan-in wait's conditions are of its tenant
         waits.append(
             WaitView(
                 id=wait_id,
                 tenant=tenant,
                 correlation_id=correlation,
                 event_types=frozenset(types),
-                progress_types=frozenset(draw(st.sets(st.sampled_from(TYPES))) - types),
+                group_id=group,
+                progress_types=frozenset()
+                if group
+                else frozenset(draw(st.sets(st.sampled_from(TYPES))) - types),
                 state=state,
                 # Ties in created_at are drawn on purpose: the id breaks them.
                 created_at=T0 + timedelta(seconds=draw(st.integers(0, 3))),
@@ -98,7 +118,13 @@ def worlds(draw: st.DrawFn) -> World:
         ))
     ]  # fmt: skip
     queued = draw(st.sets(st.sampled_from(KEYS), max_size=1))
-    return World(waits, stored, queued, batch, thresholds)
+    groups: dict[uuid.UUID, tuple[int, Key]] = {}
+    for g in group_ids:
+        met = sum(1 for w in waits if w.group_id == g and w.state is WaitState.MATCHED)
+        open_ = sum(1 for w in waits if w.group_id == g and w.state is WaitState.WAITING)
+        needed = met + draw(st.integers(1, max(1, open_)))
+        groups[g] = (needed, ("acme", draw(st.sampled_from(["c1", "c2"]))))
+    return World(waits, stored, queued, batch, thresholds, groups)
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +139,13 @@ def _set_up(conn: psycopg.Connection[Any], world: World) -> None:
         "TRUNCATE matcher.outbox, matcher.launch_audit, matcher.launches, matcher.inbox,"
         " matcher.event_ids, matcher.quarantine, matcher.waits, matcher.match_queue"
     )
-    for w in world.waits:
+    for g, (needed, (tenant, correlation)) in world.groups.items():
+        conn.execute(
+            "INSERT INTO matcher.waits (id, tenant, run_id, position, event_types,"
+            " correlation_id, needed, created_at) VALUES (%s, %s, %s, 0, %s, %s, %s, %s)",
+            [g, tenant, f"run-{g}", TYPES, correlation, needed, T0],
+        )
+    for index, w in enumerate(world.waits):
         done = w.state is not WaitState.WAITING
         conn.execute(
             "INSERT INTO matcher.waits (id, tenant, run_id, position, event_types,"
@@ -131,6 +163,11 @@ def _set_up(conn: psycopg.Connection[Any], world: World) -> None:
                 sorted(w.progress_types) or None, bool(w.progress_types), bool(w.progress_types),
             ],
         )  # fmt: skip
+        if w.group_id is not None:
+            conn.execute(
+                "UPDATE matcher.waits SET group_id = %s, condition_index = %s WHERE id = %s",
+                [w.group_id, index, w.id],
+            )
     # The inserts queued their keys for a first look; the world says which are queued.
     conn.execute("DELETE FROM matcher.match_queue")
     for tenant, correlation in world.queued:
@@ -180,27 +217,65 @@ def _expected(decision: BatchDecision) -> dict[tuple[str, str], tuple[str, Any]]
 
 
 def _resolutions(conn: psycopg.Connection[Any]) -> dict[uuid.UUID, tuple[str, str] | None]:
+    """The waits and fan-in conditions events resolved, by the event."""
     rows = conn.execute(
-        "SELECT w.id, w.resolved_by_producer, w.resolved_by_event_id,"
+        "SELECT w.id, w.resolved_by_producer, w.resolved_by_event_id, w.group_id,"
         " (SELECT count(*) FROM matcher.outbox AS o WHERE o.wait_id = w.id)"
         " FROM matcher.waits AS w WHERE w.resolution = 'event'"
-        " AND w.resolved_by_producer IS NOT NULL"
+        " AND w.resolved_by_producer IS NOT NULL AND w.needed IS NULL"
     ).fetchall()
-    assert all(r[3] == 1 for r in rows), "a wait resolved by an event has one resume"
+    # A wait resolved by an event has one resume; a condition met, none of its own.
+    assert all(r[4] == (0 if r[3] else 1) for r in rows), rows
+    return {r[0]: (r[1], r[2]) for r in rows}
+
+
+def _fan_ins(conn: psycopg.Connection[Any]) -> dict[uuid.UUID, tuple[str, int]]:
+    """Each fan-in wait's state and resumes."""
+    rows = conn.execute(
+        "SELECT w.id, w.state, (SELECT count(*) FROM matcher.outbox AS o WHERE o.wait_id = w.id)"
+        " FROM matcher.waits AS w WHERE w.needed IS NOT NULL"
+    ).fetchall()
     return {r[0]: (r[1], r[2]) for r in rows}
 
 
 def _contended(world: World) -> set[Key]:
-    """Keys where two or more of the batch's new events find a waiting wait."""
+    """Keys where two or more of the batch's new events find a waiting wait, and the keys
+    of new events that find conditions of one fan-in wait, two or more of them."""
     seen = set(world.stored)
     takers: Counter[Key] = Counter()
+    by_group: dict[uuid.UUID, list[Key]] = {}
+    waiting = sorted(
+        (w for w in world.waits if w.state is WaitState.WAITING),
+        key=lambda w: (w.created_at, str(w.id)),
+    )
     for e in world.batch:
         if e.event_key in seen:
             continue
         seen.add(e.event_key)
-        if any(w.state is WaitState.WAITING and w.accepts(e) for w in world.waits):
+        taker = next((w for w in waiting if w.accepts(e)), None)
+        if taker is not None:
             takers[e.key] += 1
-    return {key for key, count in takers.items() if count > 1}
+            if taker.group_id is not None:
+                by_group.setdefault(taker.group_id, []).append(e.key)
+    keys = {key for key, count in takers.items() if count > 1}
+    return keys.union(*(k for k in by_group.values() if len(k) > 1))
+
+
+def _after_rematch(world: World, deferred: set[Key], at_once: BatchDecision) -> BatchDecision:
+    """What ingest and then the rematch pass decide together: the events ingest decided
+    stay so; the deferred keys' events are decided next, in arrival order, against the
+    waits as ingest left them (fan-in waits needing what ingest did not give them)."""
+    taken = {p.wait_id for p in at_once.resolutions}
+    needs = world.needs()
+    for p in at_once.resolutions:
+        group = next(w.group_id for w in world.waits if w.id == p.wait_id)
+        if group is not None:
+            needs[group] -= 1
+    waits = [replace(w, state=WaitState.MATCHED) if w.id in taken else w for w in world.waits]
+    left = [p.event for p in at_once.placements if p.event.key in deferred]
+    later = decide_batch(left, (), waits, needs=needs)
+    decided = [p for p in at_once.placements if p.event.key not in deferred]
+    return BatchDecision(placements=decided + later.placements)
 
 
 @settings(
@@ -212,9 +287,13 @@ def _contended(world: World) -> set[Key]:
 def test_ingest_events_decides_as_decide_batch(
     db_url: str, loop: asyncio.AbstractEventLoop, world: World
 ) -> None:
-    whole = decide_batch(world.batch, world.stored, world.waits)
+    needs = world.needs()
+    whole = decide_batch(world.batch, world.stored, world.waits, needs=needs)
     deferred = world.queued | _contended(world)
-    at_once = decide_batch(world.batch, world.stored, world.waits, deferred=deferred)
+    at_once = decide_batch(world.batch, world.stored, world.waits, deferred=deferred, needs=needs)
+    final = _after_rematch(world, deferred, at_once)
+    if not world.groups:  # keys apart: deciding some first changes nothing
+        assert _expected(final) == _expected(whole)
     with psycopg.connect(db_url, autocommit=True) as conn:
         _set_up(conn, world)
         aconn = loop.run_until_complete(psycopg.AsyncConnection.connect(db_url))
@@ -233,5 +312,13 @@ def test_ingest_events_decides_as_decide_batch(
                 pass
         finally:
             loop.run_until_complete(aconn.close())
-        assert _placements(conn) == _expected(whole)
-        assert _resolutions(conn) == {p.wait_id: p.event.event_key for p in whole.resolutions}
+        assert _placements(conn) == _expected(final)
+        assert _resolutions(conn) == {p.wait_id: p.event.event_key for p in final.resolutions}
+        remaining = world.needs()
+        for p in final.resolutions:
+            group = next(w.group_id for w in world.waits if w.id == p.wait_id)
+            if group is not None:
+                remaining[group] -= 1
+        assert _fan_ins(conn) == {
+            g: ("matched", 1) if remaining[g] <= 0 else ("waiting", 0) for g in world.groups
+        }

@@ -196,6 +196,30 @@ async def test_an_event_before_the_run_starts_is_kept_for_its_wait(settings: Set
     ]
 
 
+async def test_a_fan_in_wait_resumes_the_graph_once_with_every_event(settings: Settings) -> None:
+    url = _url(settings)
+    graphs.setup(url)
+    thread = f"fan-in-{uuid.uuid4().hex[:8]}"
+    correlation = f"approval-{uuid.uuid4().hex[:8]}"
+    builder = graphs.two_approvals_graph(Waits(graphs.TENANT, url))
+    resumer = GraphResumer(graphs.compiled(builder))
+    granted = "approval.granted"
+    sent = [
+        event(correlation=correlation + "-2", type_=granted, data={"by": "no", "answer": "no"}),
+        event(correlation=correlation, type_=granted, data={"by": "ops"}),
+        event(correlation=correlation + "-2", type_=granted, data={"by": "cfo", "answer": "yes"}),
+    ]
+    async with (
+        running_daemon(settings),
+        running_worker(worker_settings(settings), resumer, resumer.accepts),
+    ):
+        await graphs.start(builder, url, thread, {"log": [], "correlation": correlation})
+        await produce(settings, sent)
+        state = await _until_finished(settings, builder, thread)
+    assert state.values["log"] == ["approve:event:cfo,ops"]
+    assert _resumes(settings, thread) == 1
+
+
 async def test_a_deadline_takes_the_timeout_branch_and_a_later_event_is_late(
     settings: Settings,
 ) -> None:

@@ -107,7 +107,7 @@ HOT = [
         "day_still_needed",
         {"starts": datetime(2026, 1, 1, tzinfo=UTC), "ends": datetime(2026, 1, 2, tzinfo=UTC)},
     ),
-    ("explain", "events_by_correlation", {"correlation_id": "c-1", "condition": None}),
+    ("explain", "events_by_correlation", {"correlation_ids": ["c-1"], "condition": None}),
     ("explain", "waits_of_run", {"run_id": "run-1", "tenant": None}),
     ("stats", "gauges", {}),
 ]

@@ -194,6 +194,28 @@ def approval_graph(waits: Waits) -> StateGraph[Any]:
     return builder
 
 
+def two_approvals_graph(waits: Waits) -> StateGraph[Any]:
+    """A fan-in wait: both approvers, the second only with a yes in its data."""
+
+    async def approve(state: State) -> State:
+        resume = await waits.await_event(
+            conditions=[
+                {"event_types": ["approval.granted"], "correlation_id": state["correlation"]},
+                {"event_types": ["approval.granted"], "correlation_id": state["correlation"] + "-2",
+                 "condition": '$.answer == "yes"'},
+            ],
+            rule="all",
+        )  # fmt: skip
+        by = sorted(e.data["by"] for e in resume.events or [])
+        return {"log": [f"approve:{resume.outcome}:{','.join(by)}"]}
+
+    builder = StateGraph(State)
+    builder.add_node("approve", approve)
+    builder.add_edge(START, "approve")
+    builder.add_edge("approve", END)
+    return builder
+
+
 def sync_job_graph(waits: Waits, url: str) -> StateGraph[Any]:
     """``job_graph``'s launch with sync nodes, for the sync resumer."""
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import uuid
 from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, Unpack
 
 import psycopg
 from langgraph.config import get_config
@@ -32,7 +32,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from matcher.domain.launches import Launch, LaunchSpec
 from matcher.domain.resume import ResumeData
-from matcher.domain.waits import Wait, WaitSpec
+from matcher.domain.waits import Wait, WaitShape, WaitSpec
 from matcher.integrations.langgraph.keys import Place, next_place
 from matcher.integrations.launching import (
     AsyncLookup,
@@ -214,36 +214,37 @@ class Waits:
     # --- a wait without a launch -----------------------------------------------------
 
     def _wait_spec(
-        self,
-        place: Place,
-        event_types: list[str],
-        correlation_id: str,
-        deadline: datetime | None,
-        external_job_id: str | None,
+        self, place: Place, deadline: datetime | None, shape: dict[str, Any]
     ) -> WaitSpec:
         run_id = place.run_id(self.run_prefix)
-        return WaitSpec(
-            tenant=self.tenant, run_id=run_id, position=0, event_types=event_types,
-            correlation_id=correlation_id, deadline=deadline, external_job_id=external_job_id,
-            id=wait_id_of(self.tenant, run_id),
+        return WaitSpec.model_validate(
+            {"tenant": self.tenant, "run_id": run_id, "position": 0, "deadline": deadline,
+             "id": wait_id_of(self.tenant, run_id)} | shape
         )  # fmt: skip
 
     def wait_for_event(
         self,
         *,
-        event_types: list[str],
-        correlation_id: str,
+        event_types: list[str] | None = None,
+        correlation_id: str | None = None,
         deadline: datetime | None = None,
         timeout: timedelta | None = None,
         external_job_id: str | None = None,
+        **more: Unpack[WaitShape],
     ) -> ResumeData:
         """Wait for an event of ``event_types`` with ``correlation_id`` (an approval, a
         job someone else started). Registered the first time the node runs; when it runs
-        again, the wait registered then is the one waited for."""
+        again, the wait registered then is the one waited for.
+
+        ``more`` says more (docs: waits that say more): a ``condition`` on the event's
+        data; a heartbeat (``heartbeat_interval_s`` with ``progress_types``); or, instead
+        of ``event_types`` and ``correlation_id``, fan-in ``conditions`` with a ``rule``
+        (``all``, ``any``, ``at_least`` with ``at_least``): the resume then lists every
+        event that counted in ``events``."""
         place = next_place()
-        spec = self._wait_spec(
-            place, event_types, correlation_id, deadline_of(deadline, timeout), external_job_id
-        )
+        shape = {"event_types": event_types, "correlation_id": correlation_id,
+                 "external_job_id": external_job_id, **more}  # fmt: skip
+        spec = self._wait_spec(place, deadline_of(deadline, timeout), shape)
         assert spec.id is not None
         with self._conn() as conn:
             wait = get_wait(conn, spec.id)
@@ -258,17 +259,18 @@ class Waits:
     async def await_event(
         self,
         *,
-        event_types: list[str],
-        correlation_id: str,
+        event_types: list[str] | None = None,
+        correlation_id: str | None = None,
         deadline: datetime | None = None,
         timeout: timedelta | None = None,  # noqa: ASYNC109 (the wait's, not this call's)
         external_job_id: str | None = None,
+        **more: Unpack[WaitShape],
     ) -> ResumeData:
         """``wait_for_event`` for async nodes."""
         place = next_place()
-        spec = self._wait_spec(
-            place, event_types, correlation_id, deadline_of(deadline, timeout), external_job_id
-        )
+        shape = {"event_types": event_types, "correlation_id": correlation_id,
+                 "external_job_id": external_job_id, **more}  # fmt: skip
+        spec = self._wait_spec(place, deadline_of(deadline, timeout), shape)
         assert spec.id is not None
         async with self._aconn() as conn:
             wait = await get_wait_async(conn, spec.id)

@@ -4,9 +4,10 @@
 -- name: oldest_waiting
 -- The oldest waiting waits: the overview computes their verdicts (waits_waiting).
 SELECT id, tenant, run_id, position, event_types, correlation_id, external_job_id, deadline,
-       state, created_at, resolved_at, resolution, resolved_by_producer, resolved_by_event_id
+       state, created_at, resolved_at, resolution, resolved_by_producer, resolved_by_event_id,
+       needed, CASE WHEN needed IS NOT NULL THEN matcher.fan_in_json(id) END AS conditions
 FROM matcher.waits
-WHERE state = 'waiting'
+WHERE state = 'waiting' AND group_id IS NULL
 ORDER BY created_at, id
 LIMIT %(limit)s;
 
@@ -45,26 +46,31 @@ ORDER BY reason;
 
 -- name: waiting_oldest_first
 SELECT id, tenant, run_id, position, event_types, correlation_id, external_job_id, deadline,
-       state, created_at, resolved_at, resolution, resolved_by_producer, resolved_by_event_id
+       state, created_at, resolved_at, resolution, resolved_by_producer, resolved_by_event_id,
+       needed, CASE WHEN needed IS NOT NULL THEN matcher.fan_in_json(id) END AS conditions
 FROM matcher.waits
-WHERE state = 'waiting' AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
+WHERE state = 'waiting' AND group_id IS NULL
+  AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
 ORDER BY created_at, id
 LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: waiting_newest_first
 SELECT id, tenant, run_id, position, event_types, correlation_id, external_job_id, deadline,
-       state, created_at, resolved_at, resolution, resolved_by_producer, resolved_by_event_id
+       state, created_at, resolved_at, resolution, resolved_by_producer, resolved_by_event_id,
+       needed, CASE WHEN needed IS NOT NULL THEN matcher.fan_in_json(id) END AS conditions
 FROM matcher.waits
-WHERE state = 'waiting' AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
+WHERE state = 'waiting' AND group_id IS NULL
+  AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
 ORDER BY created_at DESC, id
 LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: waits_by_run
 -- Waits of one run id, any state (waits_by_run); the other filters narrow them.
 SELECT id, tenant, run_id, position, event_types, correlation_id, external_job_id, deadline,
-       state, created_at, resolved_at, resolution, resolved_by_producer, resolved_by_event_id
+       state, created_at, resolved_at, resolution, resolved_by_producer, resolved_by_event_id,
+       needed, CASE WHEN needed IS NOT NULL THEN matcher.fan_in_json(id) END AS conditions
 FROM matcher.waits
-WHERE run_id = %(run_id)s
+WHERE run_id = %(run_id)s AND group_id IS NULL
   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
   AND (%(state)s::text IS NULL OR state = %(state)s)
   AND (%(correlation_id)s::text IS NULL OR correlation_id = %(correlation_id)s)
@@ -73,11 +79,14 @@ ORDER BY CASE WHEN %(newest)s::boolean THEN now() - created_at ELSE created_at -
 LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: waits_by_correlation
--- Waits with one correlation id, any state (waits_match).
+-- Waits with one correlation id, any state (waits_match): a fan-in wait when one of its
+-- conditions has it.
 SELECT id, tenant, run_id, position, event_types, correlation_id, external_job_id, deadline,
-       state, created_at, resolved_at, resolution, resolved_by_producer, resolved_by_event_id
+       state, created_at, resolved_at, resolution, resolved_by_producer, resolved_by_event_id,
+       needed, CASE WHEN needed IS NOT NULL THEN matcher.fan_in_json(id) END AS conditions
 FROM matcher.waits
-WHERE correlation_id = %(correlation_id)s
+WHERE id IN (SELECT coalesce(c.group_id, c.id) FROM matcher.waits AS c
+             WHERE c.correlation_id = %(correlation_id)s)
   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
   AND (%(state)s::text IS NULL OR state = %(state)s)
   AND (%(job_id)s::text IS NULL OR external_job_id = %(job_id)s)
@@ -87,9 +96,10 @@ LIMIT %(limit)s OFFSET %(offset)s;
 -- name: waits_by_job
 -- Waits for one external job id, any state (waits_by_job).
 SELECT id, tenant, run_id, position, event_types, correlation_id, external_job_id, deadline,
-       state, created_at, resolved_at, resolution, resolved_by_producer, resolved_by_event_id
+       state, created_at, resolved_at, resolution, resolved_by_producer, resolved_by_event_id,
+       needed, CASE WHEN needed IS NOT NULL THEN matcher.fan_in_json(id) END AS conditions
 FROM matcher.waits
-WHERE external_job_id = %(job_id)s
+WHERE external_job_id = %(job_id)s AND group_id IS NULL
   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
   AND (%(state)s::text IS NULL OR state = %(state)s)
 ORDER BY CASE WHEN %(newest)s::boolean THEN now() - created_at ELSE created_at - now() END, id

@@ -3,9 +3,10 @@ SELECT id, tenant, run_id, position, event_types, correlation_id, deadline, stat
        created_at, resolved_at, resolution, resolved_by_producer, resolved_by_event_id,
        external_job_id, condition::text AS condition, progress_types,
        extract(epoch FROM heartbeat_interval)::float8 AS heartbeat_interval_s, heartbeat_due,
-       last_progress_at
+       last_progress_at, needed,
+       CASE WHEN needed IS NOT NULL THEN matcher.fan_in_json(id) END AS conditions
 FROM matcher.waits
-WHERE run_id = %(run_id)s AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
+WHERE run_id = %(run_id)s AND group_id IS NULL AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
 ORDER BY position DESC, created_at DESC
 LIMIT 50;
 
@@ -17,7 +18,7 @@ SELECT producer, event_id, tenant, type, correlation_id, external_job_id, occurr
        CASE WHEN %(condition)s::text IS NOT NULL
             THEN matcher.condition_holds(data, %(condition)s::jsonpath) END AS meets_condition
 FROM matcher.inbox
-WHERE correlation_id = %(correlation_id)s
+WHERE correlation_id = ANY (%(correlation_ids)s::text[])
 ORDER BY received_at, producer, event_id
 LIMIT 200;
 

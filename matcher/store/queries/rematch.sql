@@ -63,11 +63,18 @@ FROM (
 -- uncommitted): such a wait comes back "busy", with its last committed state, and its key
 -- is left to the rematch loop rather than waited for (a worker's transaction, however
 -- long, must not hold up a batch). The state returned is the locked row's, which is
--- current: the outer read only finds the candidates.
+-- current: the outer read only finds the candidates. A fan-in condition comes with its
+-- wait's lock (busy when held elsewhere: one transaction at a time decides for a fan-in
+-- wait) and how many more conditions the wait needs; fan-in waits themselves are never
+-- matched.
 SELECT w.id, w.tenant, w.correlation_id, w.event_types,
        coalesce(l.state, w.state) AS state, w.created_at,
        coalesce(l.resolved_at, w.resolved_at) AS resolved_at,
-       l.id IS NULL AS busy, coalesce(w.progress_types, '{}') AS progress_types
+       l.id IS NULL OR (w.group_id IS NOT NULL AND w.state = 'waiting' AND g.id IS NULL) AS busy,
+       coalesce(w.progress_types, '{}') AS progress_types, w.group_id,
+       g.needed - (SELECT count(*) FROM matcher.waits AS c
+                   WHERE c.group_id = w.group_id AND c.state = 'matched'
+                     AND c.resolution = 'event') AS still_needed
 FROM matcher.waits AS w
 JOIN (SELECT DISTINCT t, c FROM unnest(%(tenant)b::text[], %(correlation_id)b::text[]) AS u(t, c)) AS k
   ON w.tenant = k.t AND w.correlation_id = k.c
@@ -76,7 +83,12 @@ LEFT JOIN LATERAL (
     WHERE x.id = w.id
     FOR UPDATE SKIP LOCKED
 ) AS l ON true
-WHERE w.state <> 'matched';
+LEFT JOIN LATERAL (
+    SELECT p.id, p.needed FROM matcher.waits AS p
+    WHERE p.id = w.group_id AND w.state = 'waiting'
+    FOR UPDATE SKIP LOCKED
+) AS g ON true
+WHERE w.state <> 'matched' AND w.needed IS NULL;
 
 -- name: resolve_by_events
 -- Waits resolved by pending events; see matcher.resolve_waits.

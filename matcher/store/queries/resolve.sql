@@ -28,13 +28,20 @@ WITH candidates AS (
           SELECT 1 FROM matcher.match_queue AS q
           WHERE q.tenant = w.tenant AND q.correlation_id = w.correlation_id
       )
+      -- A fan-in wait: nor any of its conditions' keys.
+      AND (w.needed IS NULL OR NOT EXISTS (
+          SELECT 1 FROM matcher.waits AS c
+          JOIN matcher.match_queue AS q
+            ON q.tenant = c.tenant AND q.correlation_id = c.correlation_id
+          WHERE c.group_id = w.id AND c.state = 'waiting'
+      ))
     ORDER BY least(w.deadline, w.heartbeat_due)
     LIMIT %(limit)s
     FOR UPDATE OF w SKIP LOCKED
 )
 SELECT
     matcher.resolve_waits(coalesce(array_agg(id) FILTER (WHERE how = 'deadline'), '{}'),
-                          'timed_out', 'deadline', 'timeout')
-    + matcher.resolve_waits(coalesce(array_agg(id) FILTER (WHERE how = 'heartbeat'), '{}'),
-                            'timed_out', 'heartbeat', 'timeout')
+                          'timed_out', 'deadline', 'timeout') AS by_deadline,
+    matcher.resolve_waits(coalesce(array_agg(id) FILTER (WHERE how = 'heartbeat'), '{}'),
+                          'timed_out', 'heartbeat', 'timeout') AS by_heartbeat
 FROM due;

@@ -2,9 +2,10 @@
 -- Everything the dashboard's gauges need, in one statement. Each part stays on an index:
 -- the partial ones on waiting waits, pending events and unpublished outbox rows.
 SELECT
-    (SELECT count(*) FROM matcher.waits WHERE state = 'waiting') AS waits_active,
+    (SELECT count(*) FROM matcher.waits
+      WHERE state = 'waiting' AND group_id IS NULL) AS waits_active,
     (SELECT extract(epoch FROM now() - min(created_at)) FROM matcher.waits
-      WHERE state = 'waiting') AS wait_oldest_age,
+      WHERE state = 'waiting' AND group_id IS NULL) AS wait_oldest_age,
     (SELECT count(*) FROM matcher.inbox WHERE status = 'pending') AS inbox_pending,
     (SELECT extract(epoch FROM now() - min(received_at)) FROM matcher.inbox
       WHERE status = 'pending') AS inbox_oldest_pending_age,

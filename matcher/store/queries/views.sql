@@ -3,12 +3,15 @@ SELECT id, tenant, run_id, position, event_types, correlation_id, external_job_i
        state, created_at, resolved_at, resolution, resolved_by_producer, resolved_by_event_id,
        condition::text AS condition, progress_types,
        extract(epoch FROM heartbeat_interval)::float8 AS heartbeat_interval_s, heartbeat_due,
-       last_progress_at
+       last_progress_at, needed,
+       CASE WHEN needed IS NOT NULL THEN matcher.fan_in_json(id) END AS conditions
 FROM matcher.waits
-WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
+WHERE group_id IS NULL AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
   AND (%(state)s::text IS NULL OR state = %(state)s)
   AND (%(run_id)s::text IS NULL OR run_id = %(run_id)s)
-  AND (%(correlation_id)s::text IS NULL OR correlation_id = %(correlation_id)s)
+  AND (%(correlation_id)s::text IS NULL OR id IN (
+      SELECT coalesce(c.group_id, c.id) FROM matcher.waits AS c
+      WHERE c.correlation_id = %(correlation_id)s))
   AND (%(external_job_id)s::text IS NULL OR external_job_id = %(external_job_id)s)
 ORDER BY created_at DESC, id
 LIMIT %(limit)s OFFSET %(offset)s;

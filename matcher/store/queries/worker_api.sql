@@ -8,7 +8,8 @@ SELECT matcher.register_wait_v2(
     deadline => %(deadline)s, external_job_id => %(external_job_id)s, wait_id => %(id)s,
     condition => %(condition)s,
     heartbeat_interval => make_interval(secs => %(heartbeat_interval_s)s::float8),
-    progress_types => %(progress_types)s::text[]
+    progress_types => %(progress_types)s::text[],
+    conditions => %(conditions)s::jsonb, rule => %(rule)s, at_least => %(at_least)s
 );
 
 -- name: record_launch
