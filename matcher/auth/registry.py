@@ -45,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from matcher.auth.signatures import MAX_KEYS_PER_PRODUCER, VerifyingKey, decode_key
 from matcher.auth.webhooks import Scheme, WebhookMapping, compile_mapping
+from matcher.domain.callbacks import CALLBACK_PRODUCER
 
 
 class RegistryError(Exception):
@@ -175,6 +176,17 @@ class ProducersFile(BaseModel):
     schema_dir: str | None = Field(
         default=None, description="A directory of <event type>.json JSON Schemas."
     )
+
+    @field_validator("producers")
+    @classmethod
+    def _no_reserved_name(cls, value: dict[str, ProducerSpec]) -> dict[str, ProducerSpec]:
+        # Callback events are stored under this producer, their ids the waits' ids: a
+        # producer of that name could take a wait's callback before it is used.
+        if CALLBACK_PRODUCER in value:
+            raise ValueError(
+                f"{CALLBACK_PRODUCER!r} is reserved for callback URLs: name the producer otherwise"
+            )
+        return value
 
 
 @dataclass(frozen=True)

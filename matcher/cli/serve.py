@@ -99,8 +99,10 @@ def ingress(
 
     Serves POST /v1/webhooks/{producer}: authenticates the sender with the producer's keys
     and scheme from MATCHER_PRODUCERS_FILE, and answers 202 once Kafka acknowledged the
-    record on the events topic (the daemon verifies it again). Also /healthz, /readyz
-    (Kafka reachable) and /metrics. Needs Kafka and the producers file, no database.
+    record on the events topic (the daemon verifies it again). With MATCHER_DATABASE_URL
+    it also serves POST /v1/callbacks/{token}: a wait's callback URL. Also /healthz,
+    /readyz (Kafka reachable) and /metrics. Needs Kafka and the producers file; the
+    database only for callbacks.
     """
     from matcher.ingress.server import run as run_ingress  # see the module
 

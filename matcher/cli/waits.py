@@ -21,9 +21,10 @@ from matcher.cli.output import (
     when,
 )
 from matcher.cli.settings import connect, settings_for, uuid_argument
+from matcher.domain.callbacks import CALLBACK_PATH
 from matcher.domain.waits import Rule, Wait, WaitCondition, WaitSpec
 from matcher.logs import quoted
-from matcher.store.waits import cancel_wait, get_wait, register_wait
+from matcher.store.waits import cancel_wait, get_wait, issue_callback, register_wait
 
 waits_app = sub_app("Register, list and cancel waits.")
 
@@ -141,6 +142,15 @@ def waits_add(
     at_least: Annotated[
         int | None, typer.Option(help="With --rule at_least: how many conditions.")
     ] = None,
+    callback: Annotated[
+        bool,
+        typer.Option(
+            "--callback",
+            help="Also issue a callback token (in the same transaction): POSTing JSON to"
+            " the ingress's /v1/callbacks/TOKEN completes this wait. Printed once: only"
+            " its digest is stored.",
+        ),
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Register a wait. If a matching event already arrived, it resolves at once."""
@@ -159,15 +169,26 @@ def waits_add(
         rule=rule,
         at_least=at_least,
     )
+    _register_and_show(spec, callback=callback, as_json=as_json)
+
+
+def _register_and_show(spec: WaitSpec, *, callback: bool, as_json: bool) -> None:
+    """Store the wait (and its callback token, in the same transaction) and print it."""
     with connect(settings_for(kafka=False)) as conn:
         try:
-            wait = register_wait(conn, spec)
+            with conn.transaction():
+                wait = register_wait(conn, spec)
+                token = issue_callback(conn, wait.id) if callback else None
         except ValueError as exc:  # refused by the database (a condition that does not parse)
             fail([f"matcher: {exc}"], EXIT_USAGE)
+    path = None if token is None else CALLBACK_PATH + token
     if as_json:
-        print_json(wait)
+        extra = {} if token is None else {"callback_token": token, "callback_path": path}
+        print_json({**wait.model_dump(), **extra})
     else:
         say(f"wait {wait.id} {wait.state.value}")
+        if path is not None:
+            say(f"callback {path}")
 
 
 WAITS = listing.Listing(

@@ -1,15 +1,40 @@
-"""``IngressSettings``: the webhook ingress's (Kafka and the producers file; no database)."""
+"""``IngressSettings``: the webhook ingress's (Kafka and the producers file; a database only
+for callback URLs)."""
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from pydantic import Field, SecretStr, field_validator
 
-from matcher.config.checks import check_address, host_port
+from matcher.config.checks import CONNECTION_DEFAULTS, check_address, host_port
 from matcher.config.kafka import KafkaSettings
 
 
 class IngressSettings(KafkaSettings):
-    """``matcher ingress``: the webhook ingress (Kafka and the producers file; no database)."""
+    """``matcher ingress``: the webhook ingress (Kafka and the producers file; the database
+    only if it serves callback URLs)."""
+
+    database_url: SecretStr | None = Field(
+        default=None,
+        description="libpq connection URI of matcher's Postgres database, for callback URLs "
+        "(POST /v1/callbacks/{token}) only; unset, that route answers 501 and webhooks work "
+        "as before. Its role needs only EXECUTE on matcher.complete_callback_v1.",
+    )
+    ingress_db_pool_max_size: int = Field(
+        default=4,
+        ge=1,
+        le=1000,
+        description="Database connections the ingress opens at most (callbacks only); a "
+        "callback that finds none free within MATCHER_INGRESS_DATABASE_TIMEOUT_S gets 503.",
+    )
+    ingress_database_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="A callback's database call (a connection and the transaction) must end "
+        "within this, or the sender gets 503 (it may have been stored: a retry is answered "
+        "409 with the outcome).",
+    )
 
     ingress_address: str = Field(
         default="127.0.0.1:8080",
@@ -56,6 +81,28 @@ class IngressSettings(KafkaSettings):
         description="On SIGTERM: stop accepting, and let in-flight requests finish for at "
         "most this long.",
     )
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_database_url(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value():
+            return None  # an empty variable: no database, as when it is unset
+        try:
+            conninfo_to_dict(value.get_secret_value())
+        except psycopg.ProgrammingError as exc:
+            raise ValueError(f"not a URI libpq can read ({str(exc).partition(':')[0]})") from None
+        return value
+
+    def database_conninfo(self) -> str | None:
+        """The database URL with the daemon's connection defaults where it sets none (a
+        connect timeout and TCP keepalives: a database that went away is noticed in
+        seconds); None without a database."""
+        if self.database_url is None:
+            return None
+        url = self.database_url.get_secret_value()
+        given = conninfo_to_dict(url)
+        missing = {k: v for k, v in CONNECTION_DEFAULTS.items() if k not in given}
+        return make_conninfo(url, **missing) if missing else url
 
     @field_validator("ingress_address")
     @classmethod

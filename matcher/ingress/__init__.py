@@ -1,2 +1,3 @@
 """The webhook ingress: a stateless HTTP front that authenticates senders and hands their
-requests to the events topic (``matcher ingress``)."""
+requests to the events topic (``matcher ingress``); with a database, it also completes
+waits by their callback URLs."""

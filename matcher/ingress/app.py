@@ -1,9 +1,12 @@
-"""The ingress's HTTP API: ``POST /v1/webhooks/{producer}``, health, readiness, metrics.
+"""The ingress's HTTP API: ``POST /v1/webhooks/{producer}``, ``POST /v1/callbacks/{token}``,
+health, readiness, metrics.
 
-A request is read within a deadline and a size bound, judged by the gate (the same code
+A webhook is read within a deadline and a size bound, judged by the gate (the same code
 and keys the daemon judges the record with again), and published to the events topic;
-the sender gets 202 only after Kafka acknowledged it. Answers carry a reason code and
-nothing of the request; bodies are never logged.
+the sender gets 202 only after Kafka acknowledged it. A callback is read within the same
+bounds and handed to the database in one call, which stores its event and resolves its
+wait (or says why not) before the sender gets 202. Answers carry a reason code and nothing
+of the request; bodies and tokens are never logged.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -26,7 +30,9 @@ from matcher import __version__
 from matcher.auth.gate import judge, stale_at
 from matcher.auth.registry import Producer, Registry
 from matcher.config import IngressSettings
+from matcher.domain.callbacks import CALLBACK_PRODUCER
 from matcher.domain.events import CompletionEvent
+from matcher.ingress.callbacks import CallbackRequest, checked_token, to_callback
 from matcher.ingress.forwarder import KafkaUnavailable
 from matcher.ingress.metrics import (
     IN_FLIGHT,
@@ -36,6 +42,7 @@ from matcher.ingress.metrics import (
     UNKNOWN_PRODUCER,
 )
 from matcher.ingress.requests import Refusal, refusal, to_record
+from matcher.store.callbacks import CallbackAnswer, CallbackBusy, CallbackTypeRefused
 
 log = logging.getLogger("matcher.ingress")
 
@@ -45,11 +52,25 @@ _RATE_GRACE_S = 1.0
 _LOGGED_DETAIL = frozenset(
     {"bad_signature", "expired_timestamp", "too_large", "limit_exceeded", "timeout"}
 )
-_RETRY_AFTER_S = {"overloaded": "1", "kafka_unavailable": "5"}
+_RETRY_AFTER_S = {
+    "overloaded": "1",
+    "kafka_unavailable": "5",
+    "busy": "1",
+    "database_unavailable": "5",
+}
 _SAFE_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
 
 # Publishes a record; answers when the broker appended it (its timestamp).
 Send = Callable[[bytes, bytes, list[tuple[str, bytes]]], Awaitable[datetime]]
+# Completes a callback in the database (matcher.ingress.database).
+Complete = Callable[[CallbackRequest], Awaitable[CallbackAnswer]]
+# The database's answer, by status: the HTTP status and the reason (None: accepted).
+_CALLBACK_ANSWERS = {
+    "accepted": (202, None),
+    "duplicate": (409, "duplicate"),
+    "resolved": (409, "resolved"),
+    "late": (410, "late"),
+}
 
 
 @dataclass
@@ -59,6 +80,7 @@ class IngressState:
     send: Send
     kafka_reachable: Callable[[], Awaitable[bool]]
     stopping: asyncio.Event
+    complete_callback: Complete | None = None  # None: no database, no callbacks
 
 
 class _FramingGuard:
@@ -155,6 +177,14 @@ def create_app(state: IngressState) -> FastAPI:
         REQUEST_DURATION.labels(label).observe(time.monotonic() - started)
         return answer
 
+    # {token:path}: a guess with a slash in it is an unknown token like any other.
+    @app.post("/v1/callbacks/{token:path}")
+    async def callback(token: str, request: Request) -> JSONResponse:
+        started = time.monotonic()
+        answer = await _handle_callback(state, token, request, started, slots)
+        REQUEST_DURATION.labels(CALLBACK_PRODUCER).observe(time.monotonic() - started)
+        return answer
+
     return app
 
 
@@ -215,6 +245,69 @@ async def _judge_and_forward(
     return JSONResponse({"accepted": True}, status_code=202, headers=_SAFE_HEADERS)
 
 
+async def _handle_callback(
+    state: IngressState,
+    token: str,
+    request: Request,
+    started: float,
+    slots: asyncio.Semaphore,
+) -> JSONResponse:
+    """A callback: refused early when the route is off or the token cannot be one; else
+    the body is read (no slot held, as for webhooks), then the database is called in a
+    slot."""
+    complete = state.complete_callback
+    if complete is None:
+        return _answer(CALLBACK_PRODUCER, Refusal("callbacks_disabled", "no database"))
+    refused = checked_token(token)
+    if refused is not None:
+        return _answer(CALLBACK_PRODUCER, refused)
+    settings = state.settings
+    body = await _read_body(request, settings, started + settings.ingress_read_timeout_s)
+    if isinstance(body, Refusal):
+        return _answer(CALLBACK_PRODUCER, body)
+    headers = list(request.scope["headers"])
+    made = to_callback(token, request.scope.get("query_string", b""), headers, body)
+    if isinstance(made, Refusal):
+        return _answer(CALLBACK_PRODUCER, made)
+    if slots.locked():
+        return _answer(CALLBACK_PRODUCER, Refusal("overloaded", "every slot is busy"))
+    async with slots:
+        IN_FLIGHT.inc()
+        try:
+            return await _complete(complete, made)
+        finally:
+            IN_FLIGHT.dec()
+
+
+async def _complete(complete: Complete, made: CallbackRequest) -> JSONResponse:
+    refused: Refusal | None = None
+    try:
+        answer = await complete(made)
+    except CallbackTypeRefused as exc:
+        refused = Refusal("type_not_allowed", str(exc))
+    except CallbackBusy as exc:
+        refused = Refusal("busy", str(exc))
+    except (TimeoutError, psycopg.Error) as exc:
+        # Logged by class and SQLSTATE, the values it quotes withheld (matcher.logs).
+        log.warning("callback not completed", extra={"callback": made.label, "error": exc})
+        refused = Refusal("database_unavailable", "see the log")
+    else:
+        if answer.status not in _CALLBACK_ANSWERS:
+            refused = Refusal("unknown_callback", "no such token")
+    if refused is not None:
+        return _answer(CALLBACK_PRODUCER, refused, label=made.label)
+    status, reason = _CALLBACK_ANSWERS[answer.status]
+    REQUESTS.labels(CALLBACK_PRODUCER, reason or "accepted").inc()
+    log.info(
+        "callback answered",
+        extra={"callback": made.label, "outcome": reason or "accepted", "status": status},
+    )
+    body: dict[str, Any] = {"accepted": True} if reason is None else {"reason": reason}
+    return JSONResponse(
+        {**body, "outcome": answer.outcome}, status_code=status, headers=_SAFE_HEADERS
+    )
+
+
 async def _read_body(
     request: Request, settings: IngressSettings, deadline: float
 ) -> bytes | Refusal:
@@ -267,12 +360,18 @@ def _loop_time(monotonic_deadline: float) -> float:
     return loop.time() + (monotonic_deadline - time.monotonic())
 
 
-def _answer(producer: str, refused: Refusal, status: int | None = None) -> JSONResponse:
+def _answer(
+    producer: str, refused: Refusal, status: int | None = None, label: str | None = None
+) -> JSONResponse:
     REQUESTS.labels(producer, refused.reason).inc()
     extra = {"producer": producer, "outcome": refused.reason}
     if refused.reason in _LOGGED_DETAIL:
         extra["detail"] = refused.detail
-    log.info("webhook refused", extra=extra)
+    if label is not None:
+        extra["callback"] = label
+    log.info(
+        "callback refused" if producer == CALLBACK_PRODUCER else "webhook refused", extra=extra
+    )
     headers = dict(_SAFE_HEADERS)
     if refused.reason in _RETRY_AFTER_S:
         headers["Retry-After"] = _RETRY_AFTER_S[refused.reason]

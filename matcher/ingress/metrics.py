@@ -1,6 +1,7 @@
 """The ingress's metrics, in a registry of their own: the ingress is its own process and
 exports none of the daemon's. Labels take bounded values only: ``producer`` is a
-registered producer's name or ``_unknown``, ``outcome`` a fixed code."""
+registered producer's name, ``_unknown``, or ``callback`` (every callback URL, whatever its
+token), ``outcome`` a fixed code."""
 
 from __future__ import annotations
 
@@ -40,6 +41,14 @@ OUTCOMES = (
     "timeout",
     "overloaded",
     "kafka_unavailable",
+    # Callbacks only (producer "callback"):
+    "unknown_callback",
+    "callbacks_disabled",
+    "duplicate",
+    "resolved",
+    "late",
+    "busy",
+    "database_unavailable",
 )
 
 BUILD_INFO = Info(
@@ -49,7 +58,8 @@ BUILD_INFO.info({"version": __version__, "python": platform.python_version()})
 
 REQUESTS = Counter(
     "matcher_ingress_requests_total",
-    "Webhook requests, by producer and outcome (accepted, or the reason code).",
+    "Webhook and callback requests, by producer (callback for callback URLs) and outcome "
+    "(accepted, or the reason code).",
     ["producer", "outcome"],
     registry=REGISTRY,
 )

@@ -63,6 +63,15 @@ STATUS = {
     "timeout": 408,
     "overloaded": 503,
     "kafka_unavailable": 503,
+    # Callbacks (matcher.ingress.callbacks): the token is unknown, the route is off, the
+    # wait took its event already or is past taking one, or the database is away.
+    "unknown_callback": 404,
+    "callbacks_disabled": 501,
+    "duplicate": 409,
+    "resolved": 409,
+    "late": 410,
+    "busy": 503,
+    "database_unavailable": 503,
 }
 
 _CE_HTTP_PREFIX = b"ce-"

@@ -1,5 +1,6 @@
-"""Runs the ingress: uvicorn with internet-facing bounds, the Kafka forwarder, and the
-producers-file watch; SIGTERM drains in-flight requests, then stops.
+"""Runs the ingress: uvicorn with internet-facing bounds, the Kafka forwarder, the
+producers-file watch, and (with a database URL) the callbacks' database pool; SIGTERM
+drains in-flight requests, then stops.
 
 Bounds: open connections (``MATCHER_INGRESS_MAX_CONNECTIONS``; past it a new connection
 evicts one waiting on its client, see ``matcher.ingress.connections``), requests judged
@@ -28,6 +29,7 @@ from matcher.auth.registry_watch import RegistryHolder
 from matcher.config import IngressSettings
 from matcher.ingress.app import IngressState, create_app
 from matcher.ingress.connections import bounded_protocol
+from matcher.ingress.database import CallbackStore
 from matcher.ingress.forwarder import Forwarder
 from matcher.ingress.metrics import (
     REGISTRY_RELOAD_FAILING,
@@ -75,12 +77,15 @@ async def run(settings: IngressSettings, ready: asyncio.Event | None = None) -> 
     holder.load_initial()
     stop, stopping = asyncio.Event(), asyncio.Event()
     forwarder = Forwarder(settings)
+    conninfo = settings.database_conninfo()
+    callbacks = None if conninfo is None else CallbackStore(settings, conninfo)
     state = IngressState(
         settings=settings,
         registry=lambda: holder.current,
         send=forwarder.send,
         kafka_reachable=forwarder.reachable,
         stopping=stopping,
+        complete_callback=None if callbacks is None else callbacks.complete,
     )
     server = _Server(_uvicorn_config(settings, create_app(state)))
     listener = _listen(settings)  # bound here, so a busy port is an OSError for the caller
@@ -92,6 +97,9 @@ async def run(settings: IngressSettings, ready: asyncio.Event | None = None) -> 
         asyncio.create_task(forwarder.run(stop), name="ingress-kafka"),
         asyncio.create_task(holder.watch(stop), name="ingress-registry"),
     ]
+    if callbacks is not None:
+        await callbacks.open()  # in the background: webhooks do not wait for the database
+    log.info("callback URLs served" if callbacks else "callback URLs off: no MATCHER_DATABASE_URL")
     serving = asyncio.create_task(server.serve(sockets=[listener]), name="ingress-serve")
     try:
         await _announce(server, serving, listener, ready)
@@ -108,6 +116,8 @@ async def run(settings: IngressSettings, ready: asyncio.Event | None = None) -> 
         stop.set()
         await asyncio.gather(*background, return_exceptions=True)
         await forwarder.close()
+        if callbacks is not None:
+            await callbacks.close()
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(ValueError, RuntimeError):
                 loop.remove_signal_handler(sig)

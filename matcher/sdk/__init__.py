@@ -18,6 +18,7 @@ transaction; each has an ``_async`` twin for asyncio workers. Importing this sta
 nothing: no daemon, no Kafka client.
 """
 
+from matcher.domain.callbacks import callback_url
 from matcher.domain.launches import Found, Launch, LaunchSpec, LaunchState, NotFound, Unknown
 from matcher.domain.resume import NotAResume, ResumeData, ResumeEvent
 from matcher.domain.waits import Outcome, Wait, WaitSpec, WaitState
@@ -47,6 +48,8 @@ from matcher.store.waits import (
     committed_resume_async,
     get_wait,
     get_wait_async,
+    issue_callback,
+    issue_callback_async,
     list_waits,
     list_waits_async,
     register_wait,
@@ -76,6 +79,7 @@ __all__ = [
     "advance_async",
     "audit_trail",
     "audit_trail_async",
+    "callback_url",
     "cancel_wait",
     "cancel_wait_async",
     "committed_resume",
@@ -84,6 +88,8 @@ __all__ = [
     "get_launch_async",
     "get_wait",
     "get_wait_async",
+    "issue_callback",
+    "issue_callback_async",
     "list_waits",
     "list_waits_async",
     "parse_resume",

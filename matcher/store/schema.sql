@@ -83,6 +83,76 @@ END $$;
 
 
 --
+-- Name: callback_producer(); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.callback_producer() RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN 'callback'::text;
+
+
+--
+-- Name: rfc3339(timestamp with time zone); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.rfc3339(ts timestamp with time zone) RETURNS text
+    LANGUAGE sql STABLE STRICT PARALLEL SAFE
+    RETURN to_char((ts AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'::text);
+
+
+SET default_tablespace = '';
+
+SET default_table_access_method = heap;
+
+--
+-- Name: waits; Type: TABLE; Schema: matcher; Owner: -
+--
+
+CREATE TABLE matcher.waits (
+    id uuid NOT NULL,
+    tenant text NOT NULL,
+    run_id text NOT NULL,
+    "position" bigint NOT NULL,
+    event_types text[] NOT NULL,
+    correlation_id text NOT NULL,
+    external_job_id text,
+    deadline timestamp with time zone,
+    state text DEFAULT 'waiting'::text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    resolved_at timestamp with time zone,
+    resolution text,
+    resolved_by_producer text,
+    resolved_by_event_id text,
+    version integer DEFAULT 0 NOT NULL,
+    resolved_by_received_at timestamp with time zone,
+    condition jsonpath,
+    progress_types text[],
+    heartbeat_interval interval,
+    heartbeat_due timestamp with time zone,
+    last_progress_at timestamp with time zone,
+    group_id uuid,
+    condition_index integer,
+    needed integer,
+    CONSTRAINT waits_check CHECK (((state = 'waiting'::text) = (resolved_at IS NULL))),
+    CONSTRAINT waits_condition_of_check CHECK (((group_id IS NULL) = (condition_index IS NULL))),
+    CONSTRAINT waits_event_types_check CHECK ((cardinality(event_types) > 0)),
+    CONSTRAINT waits_heartbeat_check CHECK ((((heartbeat_interval IS NULL) = (progress_types IS NULL)) AND ((heartbeat_interval IS NULL) = (heartbeat_due IS NULL)))),
+    CONSTRAINT waits_needed_check CHECK (((needed IS NULL) OR ((needed >= 1) AND (group_id IS NULL)))),
+    CONSTRAINT waits_resolution_check CHECK ((resolution = ANY (ARRAY['event'::text, 'deadline'::text, 'heartbeat'::text, 'cancel'::text, 'group'::text]))),
+    CONSTRAINT waits_state_check CHECK ((state = ANY (ARRAY['waiting'::text, 'matched'::text, 'timed_out'::text, 'cancelled'::text])))
+);
+
+
+--
+-- Name: callback_outcome(matcher.waits); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.callback_outcome(w matcher.waits) RETURNS jsonb
+    LANGUAGE sql STABLE PARALLEL SAFE
+    RETURN jsonb_build_object('state', (w).state, 'resolution', (w).resolution, 'resolved_at', matcher.rfc3339((w).resolved_at), 'by_callback', (NOT ((w).resolved_by_producer IS DISTINCT FROM matcher.callback_producer())));
+
+
+--
 -- Name: resolve_waits(uuid[], text, text, text, text[], text[], timestamp with time zone[]); Type: FUNCTION; Schema: matcher; Owner: -
 --
 
@@ -313,17 +383,6 @@ END $$;
 
 
 --
--- Name: rfc3339(timestamp with time zone); Type: FUNCTION; Schema: matcher; Owner: -
---
-
-CREATE FUNCTION matcher.rfc3339(ts timestamp with time zone) RETURNS text
-    LANGUAGE sql STABLE STRICT PARALLEL SAFE
-    RETURN to_char((ts AT TIME ZONE 'UTC'::text), 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'::text);
-
-
-SET default_tablespace = '';
-
---
 -- Name: inbox; Type: TABLE; Schema: matcher; Owner: -
 --
 
@@ -349,47 +408,6 @@ CREATE TABLE matcher.inbox (
     CONSTRAINT inbox_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'consumed'::text, 'late'::text, 'expired'::text, 'progress'::text])))
 )
 PARTITION BY RANGE (received_at);
-
-
-SET default_table_access_method = heap;
-
---
--- Name: waits; Type: TABLE; Schema: matcher; Owner: -
---
-
-CREATE TABLE matcher.waits (
-    id uuid NOT NULL,
-    tenant text NOT NULL,
-    run_id text NOT NULL,
-    "position" bigint NOT NULL,
-    event_types text[] NOT NULL,
-    correlation_id text NOT NULL,
-    external_job_id text,
-    deadline timestamp with time zone,
-    state text DEFAULT 'waiting'::text NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    resolved_at timestamp with time zone,
-    resolution text,
-    resolved_by_producer text,
-    resolved_by_event_id text,
-    version integer DEFAULT 0 NOT NULL,
-    resolved_by_received_at timestamp with time zone,
-    condition jsonpath,
-    progress_types text[],
-    heartbeat_interval interval,
-    heartbeat_due timestamp with time zone,
-    last_progress_at timestamp with time zone,
-    group_id uuid,
-    condition_index integer,
-    needed integer,
-    CONSTRAINT waits_check CHECK (((state = 'waiting'::text) = (resolved_at IS NULL))),
-    CONSTRAINT waits_condition_of_check CHECK (((group_id IS NULL) = (condition_index IS NULL))),
-    CONSTRAINT waits_event_types_check CHECK ((cardinality(event_types) > 0)),
-    CONSTRAINT waits_heartbeat_check CHECK ((((heartbeat_interval IS NULL) = (progress_types IS NULL)) AND ((heartbeat_interval IS NULL) = (heartbeat_due IS NULL)))),
-    CONSTRAINT waits_needed_check CHECK (((needed IS NULL) OR ((needed >= 1) AND (group_id IS NULL)))),
-    CONSTRAINT waits_resolution_check CHECK ((resolution = ANY (ARRAY['event'::text, 'deadline'::text, 'heartbeat'::text, 'cancel'::text, 'group'::text]))),
-    CONSTRAINT waits_state_check CHECK ((state = ANY (ARRAY['waiting'::text, 'matched'::text, 'timed_out'::text, 'cancelled'::text])))
-);
 
 
 --
@@ -435,6 +453,77 @@ CREATE TABLE matcher.outbox (
 CREATE FUNCTION matcher.committed_resume_v1(wait_id uuid, resolution_id uuid DEFAULT NULL::uuid) RETURNS text
     LANGUAGE sql STABLE
     RETURN (SELECT (matcher.resume_message(o.resolution_id, o.outcome, w.*, i.*))::text AS resume_message FROM ((matcher.outbox o JOIN matcher.waits w ON ((w.id = o.wait_id))) LEFT JOIN matcher.inbox i ON (((i.producer = w.resolved_by_producer) AND (i.event_id = w.resolved_by_event_id) AND (i.received_at = w.resolved_by_received_at)))) WHERE ((o.wait_id = committed_resume_v1.wait_id) AND ((committed_resume_v1.resolution_id IS NULL) OR (o.resolution_id = committed_resume_v1.resolution_id)) AND (NOT ((o.outcome = 'event'::text) AND (i.producer IS NULL)))) ORDER BY o.id DESC LIMIT 1);
+
+
+--
+-- Name: complete_callback_v1(bytea, jsonb, text, text); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.complete_callback_v1(token_sha256 bytea, data jsonb, event_type text DEFAULT NULL::text, trace_parent text DEFAULT NULL::text) RETURNS jsonb
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    w matcher.waits;
+    the_type text;
+    the_id text;
+    the_producer text := matcher.callback_producer();
+    received timestamptz := now();
+    answer text;
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'matcher.complete_callback_v1 needs READ COMMITTED, not %',
+            current_setting('transaction_isolation')
+            USING ERRCODE = 'invalid_transaction_state';
+    END IF;
+    SELECT x.* INTO w
+    FROM matcher.callbacks AS c JOIN matcher.waits AS x ON x.id = c.wait_id
+    WHERE c.token_sha256 = complete_callback_v1.token_sha256;
+    IF NOT FOUND THEN
+        RETURN jsonb_build_object('status', 'unknown');
+    END IF;
+    the_type := coalesce(complete_callback_v1.event_type, w.event_types[1]);
+    IF NOT the_type = ANY (w.event_types) THEN
+        RAISE EXCEPTION 'matcher: the wait does not accept this event type'
+            USING ERRCODE = '22023';
+    END IF;
+    the_id := w.id::text;
+
+    PERFORM pg_advisory_xact_lock(matcher.wait_key(w.tenant, w.correlation_id));
+    INSERT INTO matcher.event_ids (producer, event_id) VALUES (the_producer, the_id)
+    ON CONFLICT DO NOTHING;
+    IF NOT FOUND THEN
+        SELECT x.* INTO w FROM matcher.waits AS x WHERE x.id = w.id;
+        RETURN jsonb_build_object('status', 'duplicate', 'outcome', matcher.callback_outcome(w));
+    END IF;
+
+    SELECT x.* INTO w FROM matcher.waits AS x WHERE x.id = w.id FOR UPDATE NOWAIT;
+    answer := CASE
+        WHEN w.state = 'matched' THEN 'resolved'
+        WHEN w.state <> 'waiting' OR w.deadline <= received OR w.heartbeat_due <= received
+            THEN 'late'
+        ELSE 'accepted' END;
+    INSERT INTO matcher.inbox (
+        producer, event_id, tenant, type, correlation_id, received_at, data, status,
+        consumed_by, late_for, trace_parent
+    )
+    VALUES (
+        the_producer, the_id, w.tenant, the_type, w.correlation_id, received,
+        complete_callback_v1.data,
+        CASE WHEN answer = 'accepted' THEN 'consumed' ELSE 'late' END,
+        CASE WHEN answer = 'accepted' THEN w.id END,
+        CASE WHEN answer = 'accepted' THEN NULL ELSE w.id END,
+        complete_callback_v1.trace_parent
+    );
+    IF answer = 'accepted' THEN
+        IF matcher.resolve_waits(ARRAY[w.id], 'matched', 'event', 'event', ARRAY[the_producer],
+                                 ARRAY[the_id], ARRAY[received]) <> 1 THEN
+            RAISE EXCEPTION 'a callback did not resolve its wait, locked and waiting: a bug';
+        END IF;
+        SELECT x.* INTO w FROM matcher.waits AS x WHERE x.id = w.id;
+    END IF;
+    RETURN jsonb_build_object('status', answer, 'outcome', matcher.callback_outcome(w));
+END $$;
 
 
 --
@@ -806,6 +895,50 @@ BEGIN
     END IF;
 END
 $$;
+
+
+--
+-- Name: issue_callback_v1(uuid); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.issue_callback_v1(wait_id uuid) RETURNS text
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    the_state text;
+    fan_in boolean;
+    token text := matcher.new_callback_token();
+BEGIN
+    SELECT w.state, w.needed IS NOT NULL OR w.group_id IS NOT NULL INTO the_state, fan_in
+    FROM matcher.waits AS w WHERE w.id = issue_callback_v1.wait_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'matcher: no wait %', issue_callback_v1.wait_id USING ERRCODE = 'P0002';
+    END IF;
+    -- A fan-in wait is resolved by its conditions' events, under its own lock, which a
+    -- callback does not take: it takes no callback, nor does a condition of it.
+    IF fan_in THEN
+        RAISE EXCEPTION 'matcher: wait % is a fan-in wait or one of its conditions: it takes '
+            'no callback', issue_callback_v1.wait_id USING ERRCODE = '22023';
+    END IF;
+    IF the_state <> 'waiting' THEN
+        RAISE EXCEPTION 'matcher: wait % is %, not waiting: it takes no callback',
+            issue_callback_v1.wait_id, the_state USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO matcher.callbacks AS c (token_sha256, wait_id)
+    VALUES (sha256(convert_to(token, 'UTF8')), issue_callback_v1.wait_id)
+    ON CONFLICT ON CONSTRAINT callbacks_wait_id_key DO UPDATE
+    SET token_sha256 = EXCLUDED.token_sha256, created_at = now();
+    RETURN token;
+END $$;
+
+
+--
+-- Name: new_callback_token(); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.new_callback_token() RETURNS text
+    LANGUAGE sql
+    RETURN translate(encode(sha256(((uuid_send(gen_random_uuid()) || uuid_send(gen_random_uuid())) || uuid_send(gen_random_uuid()))), 'base64'::text), '+/='::text, '-_'::text);
 
 
 --
@@ -1279,6 +1412,18 @@ CREATE TABLE matcher.agent_runs (
 
 
 --
+-- Name: callbacks; Type: TABLE; Schema: matcher; Owner: -
+--
+
+CREATE TABLE matcher.callbacks (
+    token_sha256 bytea NOT NULL,
+    wait_id uuid NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT callbacks_token_sha256_check CHECK ((octet_length(token_sha256) = 32))
+);
+
+
+--
 -- Name: console_sessions; Type: TABLE; Schema: matcher; Owner: -
 --
 
@@ -1420,6 +1565,22 @@ ALTER TABLE matcher.quarantine ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY 
 
 ALTER TABLE ONLY matcher.agent_runs
     ADD CONSTRAINT agent_runs_pkey PRIMARY KEY (tenant, conversation);
+
+
+--
+-- Name: callbacks callbacks_pkey; Type: CONSTRAINT; Schema: matcher; Owner: -
+--
+
+ALTER TABLE ONLY matcher.callbacks
+    ADD CONSTRAINT callbacks_pkey PRIMARY KEY (token_sha256);
+
+
+--
+-- Name: callbacks callbacks_wait_id_key; Type: CONSTRAINT; Schema: matcher; Owner: -
+--
+
+ALTER TABLE ONLY matcher.callbacks
+    ADD CONSTRAINT callbacks_wait_id_key UNIQUE (wait_id);
 
 
 --

@@ -24,6 +24,7 @@ from matcher.store.worker_api import (
     cancel_wait_call,
     committed_resume_call,
     get_wait_call,
+    issue_callback_call,
     register_wait_call,
     verify_resume_call,
 )
@@ -54,6 +55,21 @@ def register_wait(conn: Conn, spec: WaitSpec) -> Wait:
 async def register_wait_async(conn: AsyncConn, spec: WaitSpec) -> Wait:
     """``register_wait`` for asyncio workers."""
     return await call_async(conn, register_wait_call(spec))
+
+
+def issue_callback(conn: Conn, wait_id: UUID | str) -> str:
+    """A callback token for a waiting wait (``matcher.issue_callback_v1``), in the caller's
+    transaction: call it right after ``register_wait``, and keep the token with the run's
+    state (only its SHA-256 is stored: it cannot be read back). POSTing JSON to
+    ``callback_url(ingress_base, token)`` completes exactly this wait. Calling it again
+    replaces the token (the old URL answers 404). ``LookupError``: no such wait;
+    ``ValueError``: the wait is no longer waiting."""
+    return call(conn, issue_callback_call(wait_id))
+
+
+async def issue_callback_async(conn: AsyncConn, wait_id: UUID | str) -> str:
+    """``issue_callback`` for asyncio workers."""
+    return await call_async(conn, issue_callback_call(wait_id))
 
 
 def cancel_wait(conn: Conn, wait_id: UUID | str) -> bool:

@@ -129,6 +129,10 @@ def cancel_wait_call(wait_id: UUID | str) -> Call[bool]:
     return Call("cancel_wait", {"wait_id": wait_id}, lambda row: bool(row[0]))
 
 
+def issue_callback_call(wait_id: UUID | str) -> Call[str]:
+    return Call("issue_callback", {"wait_id": wait_id}, lambda row: str(row[0]))
+
+
 def committed_resume_call(
     wait_id: UUID | str, resolution_id: UUID | str | None = None
 ) -> Call[ResumeData | None]:

@@ -2,10 +2,11 @@
 
 Engines:
 
-- ``random`` (the default): N inputs from a seeded ``random.Random``: half
+- ``random`` (the default): N inputs from a seeded ``random.Random``: two fifths
   ``records.fuzz_record`` (mostly mutated signed CloudEvents records, a tenth raw bytes),
-  a quarter ``webhooks.as_record`` (forwarded plain webhooks, mutated) and a quarter
-  ``webhooks.fuzz_request`` (HTTP requests through the ingress's translation). Input
+  a fifth each ``webhooks.as_record`` (forwarded plain webhooks, mutated),
+  ``webhooks.fuzz_request`` (HTTP requests through the ingress's translation) and
+  ``callbacks.fuzz_callback`` (callback requests through the ingress's reading). Input
   ``i`` has its own seed derived from ``--seed`` and ``i``, so ``--replay i`` regenerates
   exactly that input.
 - ``atheris``: the same generator reading its decisions from libFuzzer's bytes
@@ -27,6 +28,7 @@ import time
 import traceback
 from types import ModuleType
 
+from tests.fuzzing.callbacks import CallbackCall, fuzz_callback
 from tests.fuzzing.choosers import Chooser, ProviderChooser, RandomChooser
 from tests.fuzzing.records import Record, fuzz_record
 from tests.fuzzing.webhooks import Request, as_record, fuzz_request
@@ -38,9 +40,10 @@ _INSTRUMENTED = [
     "matcher.auth",
     "matcher.domain.events",
     "matcher.ingress.requests",
+    "matcher.ingress.callbacks",
     "matcher.domain.quarantine",
 ]
-Input = Record | Request
+Input = Record | Request | CallbackCall
 
 
 def _target() -> ModuleType:
@@ -49,9 +52,11 @@ def _target() -> ModuleType:
 
 
 def fuzz_input(c: Chooser) -> Input:
-    kind = c.integer(0, 3)
+    kind = c.integer(0, 4)
     if kind <= 1:
         return fuzz_record(c)
+    if kind == 4:
+        return fuzz_callback(c)
     return as_record(c) if kind == 2 else fuzz_request(c)
 
 
@@ -62,7 +67,9 @@ def generate(seed: int, index: int) -> Input:
 
 def check(found: Input) -> None:
     target = _target()
-    if isinstance(found, Request):
+    if isinstance(found, CallbackCall):
+        target.check_callback(found)
+    elif isinstance(found, Request):
         target.check_request(found)
     else:
         target.check_record(found.key, found.headers, found.value)
@@ -70,6 +77,8 @@ def check(found: Input) -> None:
 
 def show(found: Input) -> str:
     target = _target()
+    if isinstance(found, CallbackCall):
+        return str(target.callback_reproducer(found))
     if isinstance(found, Request):
         return str(target.request_reproducer(found))
     return str(target.reproducer(found.key, found.headers, found.value))

@@ -18,6 +18,11 @@ finding and returns None otherwise. What it holds:
 ``check_request`` does the same for an HTTP request through the ingress's translation
 (``matcher.ingress.requests.to_record``): it answers a ``RawRecord`` or a ``Refusal`` with
 a known status, never raises, and the record it makes is then checked as above.
+
+``check_callback`` does it for a callback request (``matcher.ingress.callbacks``): it
+answers a ``CallbackRequest`` or a ``Refusal`` with a 4xx status, never raises; what it
+accepts asks by the digest of exactly the token sent, carries storable data that another
+reader reads as the same value, and the type the query gives.
 """
 
 from __future__ import annotations
@@ -38,13 +43,16 @@ from jsonschema import Draft202012Validator
 from matcher.auth.gate import judge
 from matcher.auth.policy import Policy
 from matcher.auth.registry import Registry, parse_registry
+from matcher.domain.callbacks import is_token
 from matcher.domain.events import REASONS, CompletionEvent, Rejection, unstorable
 from matcher.domain.quarantine import MAX_DETAIL, MAX_TEXT, headers_from_json
 
 # The row exactly as ingest builds it (a private helper: the encoding under test).
 from matcher.domain.records import IngestRecord, RawRecord
+from matcher.ingress.callbacks import CallbackRequest, to_callback
 from matcher.ingress.requests import STATUS, Refusal, to_record
 from matcher.store.ingest import DEFAULT_LIMITS, _quarantine_params
+from tests.fuzzing.callbacks import CallbackCall, other_reading
 from tests.fuzzing.records import ARRIVAL, SCHEMAS, Header, registry_toml
 from tests.fuzzing.webhooks import Request, webhook_registry_toml
 
@@ -133,6 +141,39 @@ def check_request(request: Request) -> None:
     verdict = judge(record, registry(), POLICY)
     if isinstance(verdict, Rejection):
         assert verdict.reason in STATUS, f"the ingress has no status for {verdict.reason!r}"
+
+
+def callback_verdict(call: CallbackCall) -> CallbackRequest | Refusal:
+    return to_callback(call.token, call.query, list(call.headers), call.body)
+
+
+def check_callback(call: CallbackCall) -> None:
+    """Read ``call`` as the ingress does; check the answer (module docstring)."""
+    verdict = callback_verdict(call)
+    if isinstance(verdict, Refusal):
+        assert verdict.reason in STATUS, f"a refusal without a status: {verdict!r}"
+        assert 400 <= verdict.status < 500, f"a malformed request answered {verdict.status}"
+        assert isinstance(verdict.detail, str)
+        return
+    assert isinstance(verdict, CallbackRequest), f"to_callback answered {type(verdict).__name__}"
+    assert is_token(call.token), f"accepted a token of another form: {call.token!r}"
+    assert verdict.token_sha256 == hashlib.sha256(call.token.encode()).digest()
+    assert call.token not in verdict.label, "the label shows the token"
+    assert unstorable(verdict.data) is None, unstorable(verdict.data)
+    for number in _numbers(verdict.data):
+        assert math.isfinite(float(number)), f"accepted a number beyond a double: {number!r}"
+    _, event_type, data = other_reading(call)
+    assert verdict.event_type == event_type, (verdict.event_type, event_type)
+    if event_type is not None:
+        _storable(event_type, "the type")
+    assert _as_decimals(verdict.data) == data, "the data is not the body another reader reads"
+    traced = [v for n, v in call.headers if n == b"traceparent"]
+    # One traceparent, however often it is given; none if they differ.
+    assert verdict.trace_parent is None or set(traced) == {verdict.trace_parent.encode()}
+
+
+def callback_reproducer(call: CallbackCall) -> str:
+    return f"check_callback({call!r})"
 
 
 def request_reproducer(request: Request) -> str:

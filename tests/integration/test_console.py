@@ -64,6 +64,14 @@ def _seed(settings: Settings) -> None:
                     correlation_id=correlation,
                 ),
             )
+        register_wait(
+            conn,
+            WaitSpec.model_validate({
+                "tenant": "acme", "run_id": "run-fan-in", "position": 0, "rule": "all",
+                "conditions": [{"event_types": ["job.completed"], "correlation_id": c}
+                               for c in ("c-fan-1", "c-fan-2")],
+            }),
+        )  # fmt: skip
     bad_headers = [
         ("ce_id", PAYLOAD.encode()),
         ("x-evil", PAYLOAD.encode()),
@@ -254,6 +262,14 @@ def test_a_run_with_a_mismatched_tenant_shows_mismatch(signed_in: httpx.Client) 
     missing = signed_in.get("/console/runs/no-such-run")
     assert missing.status_code == 404
     assert missing.headers["content-security-policy"] == CSP
+
+
+def test_a_fan_in_run_shows_its_conditions(signed_in: httpx.Client) -> None:
+    page = signed_in.get("/console/runs/run-fan-in", params={"tenant": "acme"})
+    assert page.status_code == 200
+    assert "Conditions: 0 of 2 met, 2 needed" in page.text
+    assert "0 of 2 conditions met (all needed): waiting for job.completed on" in page.text
+    assert 'href="/console/events?correlation_id=c-fan-2"' in page.text
 
 
 def test_a_parked_run_is_listed_and_explained(signed_in: httpx.Client, console: Console) -> None:

@@ -17,7 +17,7 @@ from matcher.config import Settings
 from matcher.domain.explain import Verdict
 from matcher.domain.resume import ResumeData
 from matcher.domain.waits import Wait, WaitSpec
-from matcher.sdk import cancel_wait, register_wait
+from matcher.sdk import cancel_wait, issue_callback, register_wait
 from matcher.store.ingest import store_batch
 from tests.support.assertions import eventually
 from tests.support.db import rows, scalar
@@ -310,3 +310,12 @@ def test_the_cli_registers_a_fan_in_wait(settings: Settings) -> None:
         assert refused.returncode == 2, refused.stderr
         assert refused.stderr.startswith(words), refused.stderr
     assert scalar(settings, "SELECT count(*) FROM matcher.waits WHERE group_id IS NULL") == 1
+
+
+def test_a_fan_in_wait_and_its_conditions_take_no_callback(settings: Settings) -> None:
+    [wait] = _register(settings, _fan_in("r-cb", ["cb-1", "cb-2"]))
+    assert wait.conditions is not None
+    with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as conn:
+        for wait_id in (wait.id, wait.conditions[0].id):
+            with pytest.raises(ValueError, match="takes no callback"):
+                issue_callback(conn, wait_id)

@@ -27,17 +27,21 @@ def producers_file(directory: Path, extra: str = "") -> Path:
     return path
 
 
-def ingress_env(settings: Settings, **extra: str) -> dict[str, str]:
+def ingress_env(settings: Settings, *, database: bool = False, **extra: str) -> dict[str, str]:
     env = process_env(settings, MATCHER_ALLOW_UNSIGNED="false", **extra)
     env["MATCHER_PRODUCERS_FILE"] = str(settings.producers_file)
-    env.pop("MATCHER_DATABASE_URL")  # the ingress has no database access
+    if not database:
+        env.pop("MATCHER_DATABASE_URL")  # webhooks need no database: callbacks only
     return env
 
 
 @contextlib.contextmanager
-def running_ingress(settings: Settings, **extra: str) -> Iterator[IngressProcess]:
-    """``matcher ingress`` with these settings, ready; it must stop cleanly after."""
-    process = IngressProcess(ingress_env(settings, **extra))
+def running_ingress(
+    settings: Settings, *, database: bool = False, **extra: str
+) -> Iterator[IngressProcess]:
+    """``matcher ingress`` with these settings, ready; it must stop cleanly after. With
+    ``database``, it serves callback URLs too."""
+    process = IngressProcess(ingress_env(settings, database=database, **extra))
     try:
         process.wait_listening()
         process.wait_ready()

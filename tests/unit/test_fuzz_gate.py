@@ -4,7 +4,8 @@ Each example goes through ``tests.fuzzing.target.check_record``: the gate must a
 every record with an event or a reason, and what it rejects must make a quarantine row
 that Postgres takes. Forwarded plain webhooks (as the daemon reads them from Kafka) and
 HTTP requests through the ingress's translation (``check_request``) are fuzzed the same
-way. Bounded for ``make test``; ``MATCHER_TEST_FUZZ_EXAMPLES`` sets the number of
+way, and so are callback requests through the ingress's reading (``check_callback``).
+Bounded for ``make test``; ``MATCHER_TEST_FUZZ_EXAMPLES`` sets the number of
 structure-aware CloudEvents records (raw-bytes examples are two thirds of it, webhook
 records and HTTP requests a fifth each). The long run is
 ``python -m tests.fuzzing.campaign``.
@@ -22,6 +23,7 @@ from hypothesis import strategies as st
 from matcher_producer import CompletionEvent as ProducerEvent
 from matcher_producer import KafkaRecord, encode, sign_record
 
+from tests.fuzzing.callbacks import CallbackCall, fuzz_callback
 from tests.fuzzing.choosers import HypothesisChooser
 from tests.fuzzing.records import (
     ARRIVAL,
@@ -31,7 +33,14 @@ from tests.fuzzing.records import (
     Record,
     fuzz_record,
 )
-from tests.fuzzing.target import check_record, check_request, reproducer, request_reproducer
+from tests.fuzzing.target import (
+    callback_reproducer,
+    check_callback,
+    check_record,
+    check_request,
+    reproducer,
+    request_reproducer,
+)
 from tests.fuzzing.webhooks import ALL_SOURCES, Request, as_record, fuzz_request
 
 STRUCTURED_EXAMPLES = int(os.environ.get("MATCHER_TEST_FUZZ_EXAMPLES", "3000"))
@@ -100,6 +109,35 @@ _raw_requests = st.builds(
 @given(_raw_requests)
 def test_raw_http_requests(request: Request) -> None:
     _check_request(request)
+
+
+@settings(_FUZZ, max_examples=WEBHOOK_EXAMPLES)
+@given(st.data())
+def test_structure_aware_callback_requests(data: st.DataObject) -> None:
+    _check_callback(fuzz_callback(HypothesisChooser(data)))
+
+
+_raw_callbacks = st.builds(
+    CallbackCall,
+    token=st.text(max_size=64),
+    query=st.binary(max_size=64),
+    headers=st.lists(
+        st.tuples(st.sampled_from([b"content-type", b"traceparent", b"x"]), st.binary(max_size=48)),
+        max_size=4,
+    ).map(tuple),
+    body=st.binary(max_size=256),
+)
+
+
+@settings(_FUZZ, max_examples=WEBHOOK_EXAMPLES)
+@given(_raw_callbacks)
+def test_raw_callback_requests(call: CallbackCall) -> None:
+    _check_callback(call)
+
+
+def _check_callback(call: CallbackCall) -> None:
+    note(callback_reproducer(call))
+    check_callback(call)
 
 
 def _check_request(request: Request) -> None:

@@ -16,6 +16,11 @@ removed or given another value, the URL's producer, ``matcher_webhook`` and ``ce
 headers of the sender's own, the content type, the percent-encoding of ``ce-`` values.
 Every translation answers a record or a refusal, and never raises.
 
+Callback requests (``matcher.ingress.callbacks``) hold the same property for what a
+callback means: the token (asked by its digest), the event type and the data. A mutated
+request that is still accepted asks by the digest of the token it carries and says what
+another reader reads in it; a mutation of anything else leaves the meaning as it was.
+
 ``MATCHER_TEST_PROPERTY_EXAMPLES`` sets the number of CloudEvents examples (webhook
 records and HTTP requests get a third of it each); run with
 ``--hypothesis-show-statistics`` to see how often each mutation was still accepted.
@@ -23,6 +28,7 @@ records and HTTP requests get a third of it each); run with
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -36,10 +42,20 @@ from hypothesis import HealthCheck, event, given, note, settings, target
 from hypothesis import strategies as st
 
 from matcher.domain.events import CompletionEvent, Rejection
+from matcher.ingress.callbacks import CallbackRequest
 from matcher.ingress.requests import Refusal
+from tests.fuzzing.callbacks import (
+    CallbackCall,
+    mutate_callback,
+    other_reading,
+    valid_callback,
+)
 from tests.fuzzing.choosers import HypothesisChooser, RandomChooser
 from tests.fuzzing.records import Record, mutate, valid_record
 from tests.fuzzing.target import (
+    callback_reproducer,
+    callback_verdict,
+    check_callback,
     check_record,
     check_request,
     ingress_verdict,
@@ -344,3 +360,55 @@ def test_some_generated_request_mutations_are_accepted() -> None:
             assert webhook_facts(verdict) == expected
             still += 1
     assert still >= 10, f"only {still} of 200 mutated requests were still accepted"
+
+
+# --- callback requests ---------------------------------------------------------------
+
+
+def callback_meaning(call: CallbackCall) -> tuple[bytes, str | None, str]:
+    """What an accepted callback request asks: the digest, the type and the data (as JSON
+    with sorted keys, so that 1 and 1.0, or true and 1, stay apart)."""
+    verdict = callback_verdict(call)
+    assert isinstance(verdict, CallbackRequest), (verdict, callback_reproducer(call))
+    return verdict.token_sha256, verdict.event_type, json.dumps(verdict.data, sort_keys=True)
+
+
+@_PROPERTY
+@given(st.data())
+def test_no_mutation_changes_what_an_accepted_callback_says(data: st.DataObject) -> None:
+    chooser = HypothesisChooser(data)
+    original = valid_callback(chooser)
+    expected = callback_meaning(original)
+    mutated, names = original, []
+    for _ in range(chooser.integer(1, 2)):
+        name, mutated = mutate_callback(chooser, mutated)
+        names.append(name)
+    check_callback(mutated)  # never raises; 4xx or a reading another reader agrees with
+    verdict = callback_verdict(mutated)
+    if isinstance(verdict, Refusal):
+        event(f"callback refused {verdict.reason}")
+        return
+    event(f"callback still accepted after {'+'.join(names)}")
+    meaning = callback_meaning(mutated)
+    token, event_type, _ = other_reading(mutated)
+    assert meaning[0] == hashlib.sha256(token.encode()).digest()
+    assert (meaning[0] == expected[0]) == (mutated.token == original.token)
+    assert meaning[1] == event_type
+    if (mutated.token, mutated.query, mutated.body) == (
+        original.token, original.query, original.body,
+    ):  # fmt: skip
+        assert meaning == expected, f"{'+'.join(names)} changed an accepted callback"
+
+
+def test_some_generated_callback_mutations_are_accepted() -> None:
+    chooser = RandomChooser(random.Random(12))
+    still = changed = 0
+    for _ in range(300):
+        original = valid_callback(chooser)
+        callback_meaning(original)
+        mutated = mutate_callback(chooser, original)[1]
+        if isinstance(callback_verdict(mutated), CallbackRequest):
+            still += 1
+            changed += callback_meaning(mutated) != callback_meaning(original)
+    assert still >= 30, f"only {still} of 300 mutated callbacks were still accepted"
+    assert changed >= 5, "no accepted mutation ever changed what was asked: a vacuous test"

@@ -160,3 +160,12 @@ async def test_the_watch_outlives_an_unforeseen_failure_of_a_reload(
     finally:
         stop.set()
         await asyncio.wait_for(watch, 5)
+
+
+def test_the_callback_producer_name_is_reserved(tmp_path: Path) -> None:
+    """Callback events are stored as producer "callback" with the wait's id as event id: a
+    registered producer of that name could take a wait's callback before it is used."""
+    path = tmp_path / "producers.toml"
+    path.write_text('[producers."callback"]\ntenants = ["acme"]\ntypes = ["job.completed"]\n')
+    with pytest.raises(RegistryError, match="'callback' is reserved for callback URLs"):
+        load_registry(path)

@@ -31,6 +31,9 @@ SELECT matcher.get_launch_v1(%(launch_id)s);
 -- name: cancel_wait
 SELECT matcher.cancel_wait_v1(%(wait_id)s);
 
+-- name: issue_callback
+SELECT matcher.issue_callback_v1(%(wait_id)s);
+
 -- name: committed_resume
 SELECT matcher.committed_resume_v1(%(wait_id)s, %(resolution_id)s);
 
