@@ -430,12 +430,14 @@ def _resolved(
             ),
             None,
         )
-        where = (
-            f" (partition {winner.kafka_partition}, offset {winner.kafka_offset}, received "
-            f"{rfc3339(winner.received_at)})"
-            if winner
-            else ""
-        )
+        where = ""
+        if winner is not None and winner.kafka_partition is None:  # a callback's: no Kafka
+            where = f" (received {rfc3339(winner.received_at)})"
+        elif winner is not None:
+            where = (
+                f" (partition {winner.kafka_partition}, offset {winner.kafka_offset}, received "
+                f"{rfc3339(winner.received_at)})"
+            )
         reasons.append(
             f"resolved by event {wait.resolved_by_producer}/{wait.resolved_by_event_id}{where}"
         )
