@@ -26,6 +26,9 @@ UNKNOWN_PRODUCER = "_unknown"
 # Every outcome a request can have: "accepted", or the reason it was refused.
 OUTCOMES = (
     "accepted",
+    # Acknowledged (200) and not forwarded, by a drop rule of the producer's (GitHub's
+    # ping, an action the producer does not need): not a refusal.
+    "dropped",
     "malformed",
     "unmappable",
     "ambiguous",
@@ -68,6 +71,13 @@ REQUEST_DURATION = Histogram(
     "From a request's arrival to its answer (Kafka's acknowledgement included).",
     ["producer"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    registry=REGISTRY,
+)
+DROPPED = Counter(
+    "matcher_ingress_dropped_total",
+    "Webhooks acknowledged and not forwarded, by producer and the drop rule that matched "
+    "(a rule's name from the producers file; ping for GitHub's built-in one).",
+    ["producer", "rule"],
     registry=REGISTRY,
 )
 PRODUCE_ERRORS = Counter(
