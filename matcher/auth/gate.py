@@ -19,11 +19,12 @@ from __future__ import annotations
 import hmac
 import re
 from datetime import UTC
+from typing import Any
 
 from pydantic import ValidationError
 
 from matcher.auth.policy import Policy
-from matcher.auth.record import Claim, View, claim, parse_time, read_view
+from matcher.auth.record import Claim, View, claim, read_view
 from matcher.auth.registry import Producer, Registry, Webhook
 from matcher.auth.signatures import (
     TooManySignatures,
@@ -33,11 +34,13 @@ from matcher.auth.signatures import (
     verify,
 )
 from matcher.auth.strict_json import JsonRefused, loads
+from matcher.auth.times import parse_time
 from matcher.auth.webhooks import (
     GITHUB_SIGNATURE,
     STRIPE_SIGNATURE,
     BadStripeHeader,
     Unmappable,
+    dropped_by,
     github_signature_ok,
     stripe_parts,
     stripe_signature_ok,
@@ -45,6 +48,7 @@ from matcher.auth.webhooks import (
 from matcher.domain.events import (
     DATA_READ_STRICTLY,
     CompletionEvent,
+    Dropped,
     Rejection,
     seen_attributes,
 )
@@ -262,7 +266,15 @@ def _judge_webhook(
     refused = _check_webhook_signature(record, claimed, producer, producer.webhook, policy)
     if refused is not None:
         return claimed.partial.reject(refused.reason, refused.detail)
-    event = _map_webhook(record, claimed, producer.webhook, policy)
+    try:
+        body = loads(record.value or b"", max_depth=policy.max_json_depth)
+    except JsonRefused as exc:
+        return claimed.partial.reject(exc.reason, f"body: {exc}")
+    rule = dropped_by(producer.webhook.drop, body, claimed.reserved)
+    if rule is not None:
+        seen = claimed.partial.reject("dropped", "").seen
+        return Dropped("dropped", f"drop rule {rule!r} matched", seen, rule=rule)
+    event = _map_webhook(body, claimed, producer.webhook)
     if isinstance(event, Rejection):
         return event
     refused = _check_allowed(event, producer, registry)
@@ -298,13 +310,7 @@ def _check_webhook_signature(
     return None
 
 
-def _map_webhook(
-    record: RawRecord, claimed: Claim, webhook: Webhook, policy: Policy
-) -> CompletionEvent | Rejection:
-    try:
-        body = loads(record.value or b"", max_depth=policy.max_json_depth)
-    except JsonRefused as exc:
-        return claimed.partial.reject(exc.reason, f"body: {exc}")
+def _map_webhook(body: Any, claimed: Claim, webhook: Webhook) -> CompletionEvent | Rejection:
     try:
         mapped = webhook.mapping.apply(body, claimed.reserved)
     except Unmappable as exc:

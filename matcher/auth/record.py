@@ -32,7 +32,6 @@ import json
 import re
 import unicodedata
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from matcher.auth.strict_json import JsonRefused, loads
@@ -61,9 +60,6 @@ _RESERVED_FOLDED = frozenset(name.decode().replace("-", "_") for name in _RESERV
 # CloudEvents attribute names: lowercase ASCII letters and digits.
 _ATTRIBUTE_NAME = re.compile(rb"[a-z0-9]{1,64}")
 _MEDIA_TYPE = re.compile(r"[a-z0-9][a-z0-9!#$&^_.+-]*/[a-z0-9][a-z0-9!#$&^_.+-]*")
-_RFC3339 = re.compile(
-    r"(\d{4}-\d{2}-\d{2})[Tt](\d{2}:\d{2}:\d{2})(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})"
-)
 
 
 @dataclass(frozen=True)
@@ -474,19 +470,3 @@ def _missing(attributes: dict[str, str]) -> str | None:
     if attributes["specversion"] != "1.0":
         return f"specversion must be 1.0, not {attributes['specversion'][:20]!r}"
     return None
-
-
-def parse_time(text: str) -> datetime | None:
-    """An RFC 3339 date-time (offset required), or None when ``text`` is not one."""
-    match = _RFC3339.fullmatch(text)
-    if match is None:
-        return None
-    day, clock, fraction, offset = match.groups()
-    micro = (fraction or ".0")[:7].ljust(7, "0")  # datetime holds microseconds
-    zone = "+00:00" if offset in ("Z", "z") else offset
-    try:
-        when = datetime.fromisoformat(f"{day}T{clock}{micro}{zone}")
-        when.astimezone(UTC)  # within datetime's range in UTC too (Postgres reads it back)
-    except (ValueError, OverflowError):
-        return None
-    return when

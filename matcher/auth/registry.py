@@ -44,7 +44,14 @@ from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from matcher.auth.signatures import MAX_KEYS_PER_PRODUCER, VerifyingKey, decode_key
-from matcher.auth.webhooks import Scheme, WebhookMapping, compile_mapping
+from matcher.auth.webhooks import (
+    BUILT_IN_DROPS,
+    DropRule,
+    Scheme,
+    WebhookMapping,
+    compile_drop_rule,
+    compile_mapping,
+)
 from matcher.domain.callbacks import CALLBACK_PRODUCER
 
 
@@ -103,7 +110,56 @@ class MappingSpec(BaseModel):
     tenant: str = Field(description='A fixed tenant ("acme") or one from the body.')
     correlationid: str = Field(description='What the wait waits for, e.g. "{/data/id}".')
     jobid: str | None = Field(default=None, description="The external job's id (optional).")
-    time: str | None = Field(default=None, description="An RFC 3339 time from the body (optional).")
+    time: str | None = Field(
+        default=None,
+        description="When the job finished (optional): an RFC 3339 time, or Unix seconds (an "
+        'integer or a string of digits, e.g. "{/created}" for Stripe).',
+    )
+
+
+MAX_DROP_RULES = 16
+
+
+class DropRuleSpec(BaseModel):
+    """A delivery to acknowledge (200) and not forward: matched on a body pointer or a
+    signed header, after the signature is verified."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = Field(
+        pattern=r"^[a-z0-9_]{1,40}$",
+        description="The rule's name: the drop counter's label and the answer's word.",
+    )
+    field: str = Field(description='A body pointer ("/action") or a signed header ("header:x").')
+    in_: list[str] | None = Field(
+        default=None, alias="in", max_length=64, description="Drop when the value is one of these."
+    )
+    not_in: list[str] | None = Field(
+        default=None, max_length=64, description="Drop when the value is none of these."
+    )
+    present: bool | None = Field(
+        default=None, description="Drop when the field is there (true) or absent (false)."
+    )
+
+    @model_validator(mode="after")
+    def _one_test(self) -> DropRuleSpec:
+        given = [t for t in ("in", "not_in", "present") if self._test(t) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                f"drop {self.name!r}: give exactly one of in, not_in, present (given: "
+                f"{', '.join(given) or 'none'})"
+            )
+        return self
+
+    def _test(self, name: str) -> object:
+        return {"in": self.in_, "not_in": self.not_in, "present": self.present}[name]
+
+    def compiled(self, scheme: Scheme) -> DropRule:
+        if self.present is not None:
+            return compile_drop_rule(scheme, self.name, self.field, None, not self.present)
+        negate = self.not_in is not None
+        values = self.not_in if negate else self.in_
+        return compile_drop_rule(scheme, self.name, self.field, values, negate)
 
 
 class WebhookSpec(BaseModel):
@@ -113,6 +169,28 @@ class WebhookSpec(BaseModel):
 
     scheme: Scheme = Field(description="How the sender signs: standard-webhooks, github, stripe.")
     mapping: MappingSpec
+    drop: list[DropRuleSpec] = Field(
+        default_factory=list,
+        max_length=MAX_DROP_RULES,
+        description="Deliveries to acknowledge and not forward (github: ping is built in).",
+    )
+
+    @field_validator("drop")
+    @classmethod
+    def _unique_drop_names(cls, rules: list[DropRuleSpec]) -> list[DropRuleSpec]:
+        names = [r.name for r in rules]
+        if len(names) != len(set(names)):
+            raise ValueError("drop rule names must be unique within a producer")
+        if "ping" in names:
+            raise ValueError("drop rule name 'ping' is GitHub's built-in one: name it otherwise")
+        return rules
+
+    def compiled(self) -> Webhook:
+        return Webhook(
+            self.scheme,
+            compile_mapping(self.scheme, self.mapping.model_dump()),
+            BUILT_IN_DROPS[self.scheme] + tuple(r.compiled(self.scheme) for r in self.drop),
+        )
 
 
 class ProducerSpec(BaseModel):
@@ -152,7 +230,7 @@ class ProducerSpec(BaseModel):
                     "Webhooks keys are hmac_secret (whsec_) or ed25519_public_key (whpk_)"
                 )
         if self.webhook is not None:
-            compile_mapping(self.webhook.scheme, self.webhook.mapping.model_dump())
+            self.webhook.compiled()
         return self
 
 
@@ -162,6 +240,7 @@ class Webhook:
 
     scheme: Scheme
     mapping: WebhookMapping
+    drop: tuple[DropRule, ...] = ()  # the built-in ones first
 
 
 class ProducersFile(BaseModel):
@@ -275,12 +354,7 @@ def parse_registry(text: str, base: Path, origin: str = "(text)") -> Registry:
             tenants=frozenset(p.tenants),
             types=frozenset(p.types),
             keys=tuple(k.verifying_key() for k in p.keys),
-            webhook=None
-            if p.webhook is None
-            else Webhook(
-                p.webhook.scheme,
-                compile_mapping(p.webhook.scheme, p.webhook.mapping.model_dump()),
-            ),
+            webhook=None if p.webhook is None else p.webhook.compiled(),
         )
         for source, p in spec.producers.items()
     }

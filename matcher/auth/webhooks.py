@@ -22,7 +22,17 @@ Schemes (the signed bytes, and how freshness is bounded):
 
 Mapping templates: literal text with ``{/json/pointer}`` (RFC 6901, into the body) and
 ``{header:<name>}`` placeholders; ``{{`` and ``}}`` are literal braces. A placeholder must
-find a string or an integer; anything else makes the record ``unmappable``.
+find a string or an integer; anything else makes the record ``unmappable``. ``time`` is an
+RFC 3339 date-time, or Unix seconds (an integer, or a string of 1-12 digits: Stripe's
+``created``, OpenAI's ``created_at``); the two cannot be confused, an RFC 3339 time always
+has a ``-``.
+
+Drop rules: a signed delivery that a producer's rule recognises (``field`` is a body
+pointer or a signed header; ``in``, ``not_in`` or ``present`` says which values) is
+acknowledged and not forwarded: GitHub's ``workflow_run`` also delivers ``requested`` and
+``in_progress``, which no wait needs, and a hook's ``ping`` (built in for github). A rule
+drops only what it positively recognises: a field that is absent matches ``present =
+false`` and nothing else, so a body a rule cannot read goes on to the mapping.
 """
 
 from __future__ import annotations
@@ -31,9 +41,11 @@ import hmac
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from matcher.auth.signatures import hmac_sha256
+from matcher.auth.times import parse_time
 
 Scheme = Literal["standard-webhooks", "github", "stripe"]
 SCHEMES: tuple[Scheme, ...] = ("standard-webhooks", "github", "stripe")
@@ -64,6 +76,8 @@ DEFAULT_ID: dict[Scheme, str | None] = {
 MAPPED = ("id", "type", "tenant", "correlationid", "jobid", "time")
 
 _UNIX_SECONDS = re.compile(rb"[0-9]{1,12}")
+_UNIX_SECONDS_TEXT = re.compile(r"[0-9]{1,12}")
+_RFC3339_ALPHABET = frozenset("0123456789-:.+TtZz")
 _HEX_SHA256 = re.compile(rb"[0-9a-fA-F]{64}")
 
 
@@ -185,6 +199,35 @@ def _refuse(where: str, value: Any) -> str:
     raise Unmappable(f"the body at {where} is {kind.replace('list', 'array')}, not a string")
 
 
+def unix_seconds_time(value: str) -> str | None:
+    """``value`` as an RFC 3339 time when it is Unix seconds (1-12 digits), else None.
+
+    Unmappable when the digits are past what a time can hold (year 9999)."""
+    if not _UNIX_SECONDS_TEXT.fullmatch(value):
+        return None
+    try:
+        when = datetime.fromtimestamp(int(value), UTC)
+    except (OverflowError, ValueError, OSError):
+        raise Unmappable(f"time: {value} Unix seconds is past year 9999") from None
+    return when.isoformat().replace("+00:00", "Z")
+
+
+def check_time_template(template: Template) -> None:
+    """Refuse at load a ``time`` template that can never give a valid time: literal text
+    outside RFC 3339's alphabet, or a literal that is no time at all."""
+    literal = "".join(p for p in template.parts if isinstance(p, str))
+    if len(template.parts) == 1 and isinstance(template.parts[0], str):
+        if unix_seconds_time(literal) is None and parse_time(literal) is None:
+            raise TemplateError(f"{literal!r} is not an RFC 3339 time or Unix seconds")
+        return
+    stray = sorted(set(literal) - _RFC3339_ALPHABET)
+    if stray:
+        raise TemplateError(
+            f"{''.join(stray)!r} cannot appear in an RFC 3339 time; the template can never "
+            'make one (Unix seconds: the placeholder alone, e.g. "{/created}")'
+        )
+
+
 @dataclass(frozen=True)
 class WebhookMapping:
     """How a producer's body becomes an event's attributes (compiled templates)."""
@@ -203,8 +246,84 @@ class WebhookMapping:
                 raise Unmappable(f"{name}: a header it reads is not UTF-8") from None
             if not value:
                 raise Unmappable(f"{name} is empty")
+            if name == "time":
+                value = unix_seconds_time(value) or value
             attributes[name] = value
         return attributes
+
+
+@dataclass(frozen=True)
+class DropRule:
+    """Acknowledge and drop a signed delivery whose ``field`` (a body pointer or a signed
+    header) has a value in ``values`` (``negate``: a value not in them); ``values`` None:
+    whether the field is present at all is what counts (``negate``: absent)."""
+
+    name: str
+    field: Pointer | HeaderRef
+    values: frozenset[str] | None
+    negate: bool
+
+    def matches(self, body: Any, headers: Mapping[bytes, bytes]) -> bool:
+        present, text = _field_value(self.field, body, headers)
+        if self.values is None:
+            return present != self.negate
+        if text is None:
+            return False  # absent, or not a string or an integer: not recognised
+        return (text in self.values) != self.negate
+
+
+# GitHub's ping, sent when a hook is created (and by "Redeliver" on it): its body alone has
+# zen and hook_id at the top.
+GITHUB_PING = DropRule("ping", Pointer(("zen",), "/zen"), None, False)
+BUILT_IN_DROPS: dict[Scheme, tuple[DropRule, ...]] = {
+    "standard-webhooks": (),
+    "github": (GITHUB_PING,),
+    "stripe": (),
+}
+
+
+def _field_value(
+    field: Pointer | HeaderRef, body: Any, headers: Mapping[bytes, bytes]
+) -> tuple[bool, str | None]:
+    """Whether the field is present, and its value as text when it is a string or an
+    integer (written out)."""
+    if isinstance(field, HeaderRef):
+        raw = headers.get(field.name.encode())
+        return raw is not None, None if raw is None else raw.decode("utf-8", "replace")
+    try:
+        value = _resolve(body, field)
+    except Unmappable:
+        return False, None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return True, str(value)
+    return True, value if isinstance(value, str) else None
+
+
+def compile_drop_rule(
+    scheme: Scheme,
+    name: str,
+    field: str,
+    values: list[str] | None,
+    negate: bool,
+) -> DropRule:
+    """One rule; ValueError says what is wrong with it."""
+    try:
+        parsed = _placeholder(field)
+    except TemplateError as exc:
+        raise ValueError(f"drop {name!r}: field {exc}") from None
+    if isinstance(parsed, HeaderRef) and parsed.name not in SIGNED_HEADERS[scheme]:
+        raise ValueError(
+            f"drop {name!r}: {scheme} does not sign the header {parsed.name}; a rule may "
+            "read the body and signed headers only"
+        )
+    return DropRule(name, parsed, None if values is None else frozenset(values), negate)
+
+
+def dropped_by(
+    rules: tuple[DropRule, ...], body: Any, headers: Mapping[bytes, bytes]
+) -> str | None:
+    """The name of the first rule that drops this (verified) delivery, or None."""
+    return next((rule.name for rule in rules if rule.matches(body, headers)), None)
 
 
 def compile_mapping(scheme: Scheme, given: Mapping[str, str | None]) -> WebhookMapping:
@@ -234,6 +353,11 @@ def compile_mapping(scheme: Scheme, given: Mapping[str, str | None]) -> WebhookM
                     f"mapping.{name}: {scheme} does not sign the header {part.name}, so it "
                     "cannot carry meaning; take the value from the body"
                 )
+        if name == "time":
+            try:
+                check_time_template(template)
+            except TemplateError as exc:
+                raise ValueError(f"mapping.time: {exc}") from None
         compiled[name] = template
     return WebhookMapping(compiled)
 

@@ -190,6 +190,9 @@ REASONS: dict[str, str] = {
     "tenant_not_allowed": "the producer may not send events for this tenant",
     "type_not_allowed": "the producer may not send events of this type",
     "schema_invalid": "the data does not satisfy the JSON Schema of its event type",
+    "dropped": "a signed plain webhook that a drop rule of its producer recognises (the "
+    "ingress acknowledges such a delivery and never forwards it: on the topic, the rule was "
+    "added after the ingress forwarded it, or the record was written there directly)",
 }
 
 
@@ -220,3 +223,11 @@ class Rejection:
     # each exactly as read (bounded), or left out when it is not text Postgres can hold
     # (summary_storable): an escaped form would read like the characters of the escape.
     seen: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Dropped(Rejection):
+    """A verified delivery a drop rule of its producer recognises: the ingress answers 200
+    and forwards nothing; ``rule`` is the rule's name (reason ``dropped``)."""
+
+    rule: str = ""

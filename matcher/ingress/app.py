@@ -31,10 +31,11 @@ from matcher.auth.gate import judge, stale_at
 from matcher.auth.registry import Producer, Registry
 from matcher.config import IngressSettings
 from matcher.domain.callbacks import CALLBACK_PRODUCER
-from matcher.domain.events import CompletionEvent
+from matcher.domain.events import CompletionEvent, Dropped
 from matcher.ingress.callbacks import CallbackRequest, checked_token, to_callback
 from matcher.ingress.forwarder import KafkaUnavailable
 from matcher.ingress.metrics import (
+    DROPPED,
     IN_FLIGHT,
     REGISTRY,
     REQUEST_DURATION,
@@ -223,6 +224,8 @@ async def _judge_and_forward(
     # In a worker thread, whatever its size: judging is bounded work (the gate's cost
     # bounds) but not nothing, and the event loop serves every other connection.
     judged = await asyncio.to_thread(judge, record, registry, policy)
+    if isinstance(judged, Dropped):
+        return _dropped(producer.source, judged.rule)
     if not isinstance(judged, CompletionEvent):
         return _answer(producer.source, refusal(judged))
     if judged.source != producer.source:
@@ -243,6 +246,14 @@ async def _judge_and_forward(
     REQUESTS.labels(producer.source, "accepted").inc()
     log.debug("webhook accepted", extra={"producer": producer.source})
     return JSONResponse({"accepted": True}, status_code=202, headers=_SAFE_HEADERS)
+
+
+def _dropped(producer: str, rule: str) -> JSONResponse:
+    """200, not 202: acknowledged so the sender stops retrying, and not stored."""
+    REQUESTS.labels(producer, "dropped").inc()
+    DROPPED.labels(producer, rule).inc()
+    log.info("webhook dropped", extra={"producer": producer, "outcome": "dropped", "rule": rule})
+    return JSONResponse({"dropped": rule}, status_code=200, headers=_SAFE_HEADERS)
 
 
 async def _handle_callback(

@@ -12,6 +12,8 @@ construction, and trust nothing in between:
   headers, and gains ``matcher_webhook: <producer>``; GitHub's unsigned
   ``x-github-delivery`` and ``x-github-event`` go along for operators to read (the gate
   does not);
+- Svix's spelling of the signature headers (``svix-id``, ``svix-timestamp``,
+  ``svix-signature``) goes as ``webhook-*`` (``svix_respelled``);
 - a W3C ``traceparent`` goes along too, for the trace from the sender to the resumed run
   (never judged, never authority).
 
@@ -75,13 +77,19 @@ STATUS = {
 }
 
 _CE_HTTP_PREFIX = b"ce-"
+_SVIX_SPELLING = {
+    b"svix-id": b"webhook-id",
+    b"svix-timestamp": b"webhook-timestamp",
+    b"svix-signature": b"webhook-signature",
+}
 # Read by operators (GitHub's), or kept beside the event, never judged: the W3C trace
 # context (matcher.domain.trace_context).
 _INFORMATIONAL = (b"x-github-delivery", b"x-github-event", b"traceparent")
 _COPIED = frozenset({CONTENT_TYPE, *WEBHOOK_HEADERS, GITHUB_SIGNATURE, STRIPE_SIGNATURE})
 # What an underscore spelling could be taken for by a proxy that maps '_' to '-'.
 _READ_FOLDED = frozenset(
-    n.decode().replace("-", "_") for n in (*_COPIED, WEBHOOK_HEADER, *_INFORMATIONAL)
+    n.decode().replace("-", "_")
+    for n in (*_COPIED, WEBHOOK_HEADER, *_INFORMATIONAL, *_SVIX_SPELLING)
 )
 _PERCENT = re.compile(rb"%(?![0-9A-Fa-f]{2})")
 
@@ -113,6 +121,10 @@ def to_record(
     kind = _content_type(producer, headers)
     if isinstance(kind, Refusal):
         return kind
+    respelled = svix_respelled(headers)
+    if isinstance(respelled, Refusal):
+        return respelled
+    headers = respelled
     forwarded: list[Header] = []
     if producer.webhook is not None:
         forwarded.append((WEBHOOK_HEADER, producer.source.encode()))
@@ -123,6 +135,29 @@ def to_record(
         if header is not None:
             forwarded.append(header)
     return RawRecord(None, tuple(forwarded), body, arrived_at)
+
+
+def svix_respelled(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]] | Refusal:
+    """Svix's own spelling of the Standard Webhooks headers (``svix-id``, ``svix-timestamp``,
+    ``svix-signature``: what Svix-based senders send, often beside the ``webhook-*`` ones)
+    as ``webhook-*``, the one spelling the topic carries. Given both ways, a header's two
+    values must be the same bytes; else the request is ambiguous (which did the sender
+    sign?)."""
+    given = {name: value for name, value in headers if name in _SVIX_SPELLING.values()}
+    out: list[tuple[bytes, bytes]] = []
+    for name, value in headers:
+        standard = _SVIX_SPELLING.get(name)
+        if standard is None:
+            out.append((name, value))
+        elif standard not in given:
+            out.append((standard, value))
+        elif given[standard] != value:
+            return Refusal(
+                "ambiguous",
+                f"{name.decode()} and {standard.decode()} differ: send one spelling, or the "
+                "same value in both",
+            )
+    return out
 
 
 def _content_type(producer: Producer, headers: list[tuple[bytes, bytes]]) -> str | Refusal:

@@ -403,3 +403,33 @@ async def test_a_compromised_ingress_cannot_advance_a_run(webhooks_secure: Setti
     waits = rows(webhooks_secure, "SELECT state FROM matcher.waits WHERE run_id = %s", (run_id,))
     assert waits == [{"state": "waiting"}]
     await asyncio.sleep(0)
+
+
+async def test_svix_spelled_headers_and_a_unix_seconds_time_reach_the_run(
+    webhooks_secure: Settings, ingress: IngressProcess
+) -> None:
+    """What Svix-based senders send by default (svix-id, svix-timestamp, svix-signature,
+    signed by the svix package) is accepted; Stripe's created (Unix seconds) is the event's
+    time."""
+    address = ingress.address
+    assert address is not None
+    runs = {
+        wait_for(webhooks_secure, "acme", "batch.completed", "batch_svix"),
+        wait_for(webhooks_secure, "acme", "payment_intent.succeeded", "pi_time"),
+    }
+    async with running_daemon(webhooks_secure):
+        body = senders.body_bytes(senders.openai_batch("batch_svix"))
+        signed = senders.standard_request(body, "msg_svix", library="svix")
+        response = post(address, "openai", senders.svix_spelled(signed), body)
+        assert response.status_code == 202, response.text
+        stripe_body = senders.body_bytes(senders.stripe_event("pi_time"))
+        response = post(address, "stripe", senders.stripe_request(stripe_body), stripe_body)
+        assert response.status_code == 202, response.text
+        resumes = await read_resumes(webhooks_secure, at_least=2)
+        assert {r.run_id for r in resumes} == runs
+    stored = rows(
+        webhooks_secure,
+        "SELECT extract(epoch FROM occurred_at)::bigint AS t FROM matcher.inbox "
+        "WHERE producer = 'stripe'",
+    )
+    assert stored == [{"t": senders.STRIPE_CREATED}]

@@ -57,6 +57,10 @@ type = "github.workflow_run.{{/action}}"
 correlationid = "{{/workflow_run/id}}"
 jobid = "{{/workflow_run/head_sha}}"
 tenant = "acme"
+[[producers."github".webhook.drop]]
+name = "not_completed"
+field = "/action"
+not_in = ["completed"]
 [[producers."github".keys]]
 id = "k1"
 secret = "{GITHUB_SECRET}"
@@ -69,6 +73,7 @@ webhook.scheme = "stripe"
 type = "{{/type}}"
 correlationid = "{{/data/object/id}}"
 tenant = "{{/data/object/metadata/tenant}}"
+time = "{{/created}}"
 [[producers."stripe".keys]]
 id = "k1"
 secret = "{STRIPE_SECRET}"
@@ -110,6 +115,28 @@ def github_workflow_run(run_id: int, attempt: int = 1, action: str = "completed"
             "repository": {"full_name": "acme/app"}}  # fmt: skip
 
 
+def github_ping(hook_id: int = 109948940) -> Any:
+    # What GitHub sends when a hook is created (its documented "ping" payload, trimmed).
+    return {"zen": "Keep it logically awesome.", "hook_id": hook_id,
+            "hook": {"type": "Repository", "id": hook_id, "events": ["workflow_run"],
+                     "config": {"content_type": "json", "insecure_ssl": "0"}},
+            "repository": {"full_name": "acme/app"}}  # fmt: skip
+
+
+def svix_spelled(headers: Headers, keep_standard: bool = False) -> Headers:
+    """A Standard Webhooks request as Svix-based senders spell it (svix-id, ...), with the
+    webhook-* headers too when ``keep_standard``."""
+    out: Headers = []
+    for name, value in headers:
+        if name.startswith(b"webhook-"):
+            out.append((b"svix-" + name.removeprefix(b"webhook-"), value))
+            if keep_standard:
+                out.append((name, value))
+        else:
+            out.append((name, value))
+    return out
+
+
 def github_signature(body: bytes, secret: str = GITHUB_SECRET) -> bytes:
     # GitHub: "an HMAC hex digest of the request body ... using the SHA-256 hash function
     # and the secret as the HMAC key", prefixed with sha256=.
@@ -125,8 +152,12 @@ def github_request(body: bytes, secret: str = GITHUB_SECRET, delivery: str = "d-
     ]
 
 
+STRIPE_CREATED = 1765107000  # Unix seconds, as Stripe's created: 2025-12-07T11:30:00Z
+
+
 def stripe_event(intent_id: str, tenant: str = "acme", event_id: str = "evt_s1") -> Any:
     return {"id": event_id, "object": "event", "type": "payment_intent.succeeded",
+            "created": STRIPE_CREATED,
             "data": {"object": {"id": intent_id, "object": "payment_intent",
                                 "metadata": {"tenant": tenant}}}}  # fmt: skip
 

@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 import stripe
+from svix.webhooks import Webhook as SvixWebhook
 
 from matcher.auth.gate import judge
 from matcher.auth.policy import Policy
 from matcher.auth.registry import Registry, RegistryError, parse_registry
 from matcher.auth.webhooks import TemplateError, Unmappable, parse_template
-from matcher.domain.events import CompletionEvent, Rejection
+from matcher.domain.events import CompletionEvent, Dropped, Rejection
 from matcher.domain.records import RawRecord
 from matcher.ingress.requests import Refusal, to_record
 from tests.support import webhooks as senders
@@ -109,7 +110,8 @@ def test_github_refuses_a_wrong_secret_and_other_actions(registry: Registry) -> 
     assert reason(registry, record_of(registry, "github", wrong, body)) == "bad_signature"
     started = senders.body_bytes(senders.github_workflow_run(1, action="in_progress"))
     headers = senders.github_request(started)
-    assert reason(registry, record_of(registry, "github", headers, started)) == "type_not_allowed"
+    # The producer's drop rule takes the other actions (without it: type_not_allowed).
+    assert reason(registry, record_of(registry, "github", headers, started)) == "dropped"
 
 
 def test_a_stripe_event_is_verified_by_stripes_rules(registry: Registry) -> None:
@@ -272,3 +274,123 @@ def test_the_docs_webhook_producers_load() -> None:
 
 def _webhooks(registry: Registry) -> dict[str, Any]:
     return {name: p.webhook for name, p in registry.producers.items() if p.webhook is not None}
+
+
+# Issue findings: deliveries a healthy integration sends and no wait needs are acknowledged
+# and dropped; Svix's header names; Unix-second times.
+
+
+def dropped(registry: Registry, record: RawRecord) -> str:
+    judged = judge(record, registry, POLICY)
+    assert isinstance(judged, Dropped), judged
+    return judged.rule
+
+
+@pytest.mark.parametrize("action", ["requested", "in_progress"])
+def test_a_workflow_run_action_no_wait_needs_is_dropped_by_the_producers_rule(
+    registry: Registry, action: str
+) -> None:
+    body = senders.body_bytes(senders.github_workflow_run(30433642, action=action))
+    record = record_of(registry, "github", senders.github_request(body), body)
+    assert dropped(registry, record) == "not_completed"
+    completed = senders.body_bytes(senders.github_workflow_run(30433642))
+    accepted(registry, record_of(registry, "github", senders.github_request(completed), completed))
+
+
+def test_a_drop_is_only_for_a_verified_delivery(registry: Registry) -> None:
+    body = senders.body_bytes(senders.github_workflow_run(30433642, action="requested"))
+    forged = senders.github_request(body, secret="not the secret")
+    assert reason(registry, record_of(registry, "github", forged, body)) == "bad_signature"
+    ping = senders.body_bytes(senders.github_ping())
+    forged = senders.github_request(ping, secret="not the secret")
+    assert reason(registry, record_of(registry, "github", forged, ping)) == "bad_signature"
+
+
+def test_a_rule_that_cannot_read_its_field_drops_nothing(registry: Registry) -> None:
+    document = senders.github_workflow_run(30433642)
+    del document["action"]
+    body = senders.body_bytes(document)
+    record = record_of(registry, "github", senders.github_request(body), body)
+    assert reason(registry, record) == "unmappable"
+
+
+def test_github_ping_is_dropped_out_of_the_box(registry: Registry) -> None:
+    bare = parse_registry(
+        senders.PRODUCERS_TOML.replace('not_in = ["completed"]', 'in = ["deleted"]'), Path(".")
+    )
+    body = senders.body_bytes(senders.github_ping())
+    assert dropped(bare, record_of(bare, "github", senders.github_request(body), body)) == "ping"
+
+
+@pytest.mark.parametrize(
+    ("rule", "problem"),
+    [
+        ('name = "x"\nfield = "/action"', "exactly one of in, not_in, present"),
+        ('name = "x"\nfield = "/action"\nin = ["a"]\npresent = true', "exactly one"),
+        ('name = "ping"\nfield = "/zen"\npresent = true', "built-in"),
+        ('name = "x"\nfield = "header:x-github-event"\nin = ["ping"]', "does not sign"),
+        ('name = "Bad Name"\nfield = "/action"\nin = ["a"]', "name"),
+        ('name = "x"\nfield = "action"\nin = ["a"]', "placeholder"),
+    ],
+)
+def test_a_drop_rule_that_cannot_work_is_refused_at_load(rule: str, problem: str) -> None:
+    text = senders.PRODUCERS_TOML.replace(
+        '[[producers."github".keys]]',
+        f'[[producers."github".webhook.drop]]\n{rule}\n[[producers."github".keys]]',
+    )
+    with pytest.raises(RegistryError, match=problem):
+        parse_registry(text, Path("."))
+
+
+@pytest.mark.parametrize("keep_standard", [False, True])
+def test_svix_header_names_are_accepted_as_svix_accepts_them(
+    registry: Registry, keep_standard: bool
+) -> None:
+    body = senders.body_bytes(senders.openai_batch("batch_abc"))
+    headers = senders.svix_spelled(senders.standard_request(body, "msg_1", library="svix"),
+                                   keep_standard=keep_standard)  # fmt: skip
+    # Svix's own verifier accepts these headers as they are.
+    SvixWebhook(senders.STANDARD_SECRET).verify(body, {k.decode(): v.decode() for k, v in headers})
+    event = accepted(registry, record_of(registry, "openai", headers, body))
+    assert (event.id, event.correlationid) == ("msg_1", "batch_abc")
+
+
+def test_svix_and_standard_spellings_that_differ_are_ambiguous(registry: Registry) -> None:
+    body = senders.body_bytes(senders.openai_batch("batch_abc"))
+    headers = senders.svix_spelled(senders.standard_request(body, "msg_1"), keep_standard=True)
+    headers = [(n, b"msg_2" if n == b"svix-id" else v) for n, v in headers]
+    made = to_record(registry.producers["openai"], headers, body, datetime.now(UTC))
+    assert isinstance(made, Refusal), made
+    assert made.reason == "ambiguous"
+
+
+def test_a_unix_seconds_time_is_the_events_time(registry: Registry) -> None:
+    body = senders.body_bytes(senders.stripe_event("pi_9"))
+    event = accepted(registry, record_of(registry, "stripe", senders.stripe_request(body), body))
+    assert event.time == datetime.fromtimestamp(senders.STRIPE_CREATED, UTC)
+    document = senders.stripe_event("pi_9")
+    document["created"] = str(senders.STRIPE_CREATED)  # a numeric string reads the same
+    body = senders.body_bytes(document)
+    again = accepted(registry, record_of(registry, "stripe", senders.stripe_request(body), body))
+    assert again.time == event.time
+
+
+@pytest.mark.parametrize("value", [10**13, "1765107000.5", -5, "99999999999999"])
+def test_a_time_that_is_not_unix_seconds_or_rfc3339_is_refused(
+    registry: Registry, value: Any
+) -> None:
+    document = senders.stripe_event("pi_9")
+    document["created"] = value
+    body = senders.body_bytes(document)
+    record = record_of(registry, "stripe", senders.stripe_request(body), body)
+    assert reason(registry, record) in {"malformed", "unmappable"}
+
+
+@pytest.mark.parametrize(
+    "template", ["at {/created}", "{/created} UTC", "yesterday", "{/created}s"]
+)
+def test_a_time_template_that_can_never_be_a_time_is_refused_at_load(template: str) -> None:
+    text = senders.PRODUCERS_TOML.replace('time = "{/created}"', f'time = "{template}"')
+    assert text != senders.PRODUCERS_TOML
+    with pytest.raises(RegistryError, match=r"mapping\.time"):
+        parse_registry(text, Path("."))
