@@ -65,6 +65,17 @@ class QuarantineFilters(Page):
     correlation_id: FilterIdent | None = None
 
 
+RefusalReason = Annotated[str, StringConstraints(pattern="^[a-z_]{1,64}$")]
+
+
+class RefusalFilters(Page):
+    reason: RefusalReason | None = None
+    producer: FilterIdent | None = None
+    correlation_id: FilterIdent | None = Field(
+        None, description="The correlation id the refused delivery claimed (unverified)."
+    )
+
+
 class RunFilters(BaseModel):
     """The run ``explain`` looks at."""
 

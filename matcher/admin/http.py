@@ -23,13 +23,14 @@ from matcher.admin.filters import (
     EventFilters,
     FilterIdent,
     QuarantineFilters,
+    RefusalFilters,
     WaitFilters,
     page,
 )
 from matcher.admin.state import AdminState
 from matcher.admin.throttle import FailureThrottle
 from matcher.config import Settings
-from matcher.domain.events import QuarantinedRecord, StoredEvent
+from matcher.domain.events import QuarantinedRecord, RefusedDelivery, StoredEvent
 from matcher.domain.explain import Verdict
 from matcher.domain.waits import Wait
 from matcher.store import session
@@ -68,6 +69,11 @@ class EventsPage(BaseModel):
 
 class QuarantinePage(BaseModel):
     items: list[QuarantinedRecord]
+    next_offset: int | None
+
+
+class RefusalsPage(BaseModel):
+    items: list[RefusedDelivery]
     next_offset: int | None
 
 
@@ -228,6 +234,16 @@ def _inspection(state: AdminState, v1: list[Any]) -> APIRouter:
         items, next_offset = page(await rows("quarantine", filters.params()), filters)
         return QuarantinePage(
             items=[QuarantinedRecord.model_validate(r) for r in items], next_offset=next_offset
+        )
+
+    @router.get("/v1/refusals", response_model=RefusalsPage, dependencies=v1, responses=_ERRORS)
+    async def list_refusals(filters: Annotated[RefusalFilters, Query()]) -> RefusalsPage:
+        """Deliveries the webhook ingress refused, newest first: the reason, the detail,
+        and what each claimed (producer, event id, type, tenant, correlation id), never
+        verified. Kept for MATCHER_QUARANTINE_RETENTION."""
+        items, next_offset = page(await rows("refusals", filters.params()), filters)
+        return RefusalsPage(
+            items=[RefusedDelivery.model_validate(r) for r in items], next_offset=next_offset
         )
 
     return router

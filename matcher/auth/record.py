@@ -266,6 +266,11 @@ def claim(record: RawRecord) -> Claim | Rejection:
         # Before the producer is looked up: a record that is no CloudEvent names none, and
         # saying so reveals nothing about the registry.
         hint = f" (content-type is {kind!r})" if kind else ""
+        if kind is not None and is_json_media_type(kind):
+            # A structured event under another content type (the CloudEvents SDKs' classic
+            # Kafka bindings send application/json): what it claims, for operators to find
+            # it by, never trusted.
+            _guess_envelope(record.value or b"", partial)
         return partial.reject(
             "malformed",
             "not a CloudEvent: a binary-mode event carries its attributes in ce_ headers, and "
@@ -275,6 +280,22 @@ def claim(record: RawRecord) -> Claim | Rejection:
     if isinstance(ids, Rejection):
         return partial.reject(ids.reason, ids.detail)
     return Claim(structured, reserved, kind, ids[0], ids[1], partial)
+
+
+# Deep enough for any envelope's attributes; the refusal is decided already.
+_GUESS_MAX_DEPTH = 64
+
+
+def _guess_envelope(value: bytes, partial: _Partial) -> None:
+    """A refused record's top-level string attributes, if its value is a JSON object."""
+    try:
+        document = loads(value, max_depth=_GUESS_MAX_DEPTH)
+    except JsonRefused:
+        return
+    if isinstance(document, dict):
+        for attr in ("source", "id", "type", "tenant", "correlationid"):
+            if isinstance(document.get(attr), str):
+                partial.attributes[attr] = document[attr]
 
 
 def _webhook_claim(

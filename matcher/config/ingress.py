@@ -18,8 +18,19 @@ class IngressSettings(KafkaSettings):
     database_url: SecretStr | None = Field(
         default=None,
         description="libpq connection URI of matcher's Postgres database, for callback URLs "
-        "(POST /v1/callbacks/{token}) only; unset, that route answers 501 and webhooks work "
-        "as before. Its role needs only EXECUTE on matcher.complete_callback_v1.",
+        "(POST /v1/callbacks/{token}) and the records of refused deliveries that explain and "
+        "the console show; unset, the callback route answers 501, refusals are only logged, "
+        "and webhooks work as before. Its role needs only EXECUTE on "
+        "matcher.complete_callback_v1 and matcher.record_refusals_v1.",
+    )
+    ingress_refusal_records_per_s: float = Field(
+        default=20.0,
+        ge=0,
+        le=10_000,
+        description="Refused deliveries recorded in the database per second at most (bursts "
+        "of 10 times as many); past it a refusal is only logged and counted in "
+        "matcher_ingress_refusals_unrecorded_total, so a flood of bad requests costs a "
+        "bounded number of rows. 0: record none.",
     )
     ingress_db_pool_max_size: int = Field(
         default=4,

@@ -16,6 +16,7 @@ from matcher.store.maintenance import (
     ensure_days,
     expire_pending,
     purge_quarantine,
+    purge_refusals,
 )
 
 log = logging.getLogger("matcher.janitor")
@@ -29,8 +30,9 @@ async def tidy_once(
     async with pool.connection() as conn:
         expired = await expire_pending(conn, settings.inbox_retention, limit)
         dropped = await purge_quarantine(conn, settings.quarantine_retention, limit)
+        dropped += await purge_refusals(conn, settings.quarantine_retention, limit)
         if dropped:
-            log.info("quarantine purged", extra={"records": dropped})
+            log.info("quarantine and refusal records purged", extra={"records": dropped})
         await ensure_days(conn)
     keep = settings.inbox_retention + settings.inbox_purge_after
     return expired, await drop_expired_days(settings.database_conninfo(), keep)

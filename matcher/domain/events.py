@@ -167,6 +167,23 @@ class QuarantinedRecord(BaseModel):
     replay_result: str | None
 
 
+class RefusedDelivery(BaseModel):
+    """A delivery the webhook ingress refused (matcher.refusals): what it claimed, never
+    verified, kept so operators can find it by the correlation id it named."""
+
+    id: int
+    received_at: datetime
+    via: str  # webhook or callback
+    producer: str  # the URL's producer, _unknown, or callback
+    reason: str
+    detail: str
+    http_status: int
+    claimed_event_id: str | None
+    claimed_type: str | None
+    claimed_tenant: str | None
+    claimed_correlation_id: str | None
+
+
 # Every reason a record is quarantined for, with what it means (the docs and the schemas
 # list the same codes; a test holds them equal).
 REASONS: dict[str, str] = {

@@ -29,7 +29,7 @@ from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
-from matcher.domain.events import QuarantinedRecord, StoredEvent
+from matcher.domain.events import QuarantinedRecord, RefusedDelivery, StoredEvent
 from matcher.domain.waits import Wait
 from matcher.logs import quoted
 
@@ -95,6 +95,8 @@ class ExplainFacts:
     wait: Wait
     events: list[StoredEvent] = field(default_factory=list)  # same correlation id, any tenant
     quarantined: list[QuarantinedRecord] = field(default_factory=list)
+    # Deliveries the ingress refused that claimed this correlation id (unverified).
+    refused: list[RefusedDelivery] = field(default_factory=list)
     outbox: OutboxFacts | None = None
     # Where this wait's events land, by partitioner (a key of PARTITIONERS); empty when the
     # partition count is unknown.
@@ -160,6 +162,8 @@ _QUARANTINE_WORDS = {
     "limit_exceeded": "it was past a structural limit (nesting, headers or signatures)",
     "too_large": "it was too large",
     "undecodable": "the Kafka client could not decode it",
+    "unmappable": "its body lacks what producer {p}'s mapping reads",
+    "unsupported_media_type": "its content type is not one the ingress takes",
 }
 
 
@@ -278,7 +282,11 @@ def _rematch_pending(facts: ExplainFacts, found: _Findings) -> None:
 
 
 def _mismatches(facts: ExplainFacts, found: _Findings) -> None:
-    mismatches = [*_event_mismatches(facts, found), *_quarantined(facts, found)]
+    mismatches = [
+        *_event_mismatches(facts, found),
+        *_quarantined(facts, found),
+        *_refused(facts, found),
+    ]
     if mismatches:
         found.evidence["mismatches"] = mismatches
         found.verdicts.append(Verdict.MISMATCH)
@@ -369,6 +377,43 @@ def _quarantined(facts: ExplainFacts, found: _Findings) -> list[dict[str, Any]]:
     return mismatches
 
 
+def _refused(facts: ExplainFacts, found: _Findings) -> list[dict[str, Any]]:
+    """The ingress's refusals claiming this correlation id: a hint, as a quarantine row is;
+    only those whose claimed tenant is this wait's, or unread."""
+    mismatches: list[dict[str, Any]] = []
+    for r in _refusals_for_the_wait(facts):
+        words = _QUARANTINE_WORDS.get(r.reason, r.reason).format(
+            p=quoted(r.producer), t=quoted(r.claimed_tenant), y=quoted(r.claimed_type)
+        )
+        found.add(
+            None,
+            f"a {r.via} delivery claiming this correlation id was refused by the ingress "
+            f"(refusal #{r.id}, {r.reason}, HTTP {r.http_status}, at "
+            f"{rfc3339(r.received_at)}): {words}; {r.detail}",
+        )
+        mismatches.append({**_refusal(r), "differs": r.reason})
+    return mismatches
+
+
+def _refusals_for_the_wait(facts: ExplainFacts) -> list[RefusedDelivery]:
+    return [r for r in facts.refused if r.claimed_tenant in (None, facts.wait.tenant)]
+
+
+def _refusal(r: RefusedDelivery) -> dict[str, Any]:
+    return {
+        "refusal_id": r.id,
+        "reason": r.reason,
+        "detail": r.detail,
+        "source": r.producer,
+        "id": r.claimed_event_id,
+        "tenant": r.claimed_tenant,
+        "type": r.claimed_type,
+        "received_at": r.received_at,
+        "http_status": r.http_status,
+        "verified": False,
+    }
+
+
 def _lag_on_key_partitions(facts: ExplainFacts, found: _Findings) -> None:
     lag = facts.lag
     if lag is None:
@@ -402,7 +447,7 @@ def _lag_on_key_partitions(facts: ExplainFacts, found: _Findings) -> None:
 
 def _arrivals(facts: ExplainFacts, late: list[StoredEvent], found: _Findings) -> None:
     related = [e for e in facts.events if e not in late]
-    if not facts.events and not facts.quarantined:
+    if not facts.events and not facts.quarantined and not _refusals_for_the_wait(facts):
         ids = sorted(
             {facts.wait.correlation_id, *(c.correlation_id for c in facts.wait.conditions or ())}
         )

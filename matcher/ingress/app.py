@@ -42,17 +42,17 @@ from matcher.ingress.metrics import (
     REQUESTS,
     UNKNOWN_PRODUCER,
 )
-from matcher.ingress.requests import Refusal, refusal, to_record
+from matcher.ingress.refusals import Claims, RefusalRecorder
+from matcher.ingress.requests import Refusal, claims_of, refusal, to_record
 from matcher.store.callbacks import CallbackAnswer, CallbackBusy, CallbackTypeRefused
 
 log = logging.getLogger("matcher.ingress")
 
 # A body's first second is not held to the minimum rate (a connection's slow start).
 _RATE_GRACE_S = 1.0
-# Details safe to log: made of matcher's own words and numbers, nothing from the body.
-_LOGGED_DETAIL = frozenset(
-    {"bad_signature", "expired_timestamp", "too_large", "limit_exceeded", "timeout"}
-)
+# A refusal's answer carries its detail up to this many characters: what the sender must
+# change (which field, which form), in matcher's words and the sender's own values.
+_MAX_ANSWERED_DETAIL = 300
 _RETRY_AFTER_S = {
     "overloaded": "1",
     "kafka_unavailable": "5",
@@ -82,6 +82,7 @@ class IngressState:
     kafka_reachable: Callable[[], Awaitable[bool]]
     stopping: asyncio.Event
     complete_callback: Complete | None = None  # None: no database, no callbacks
+    refusals: RefusalRecorder | None = None  # None: no database, refusals only logged
 
 
 class _FramingGuard:
@@ -172,7 +173,7 @@ def create_app(state: IngressState) -> FastAPI:
         found = state.registry().producers.get(producer)
         label = producer if found is not None else UNKNOWN_PRODUCER
         if found is None:
-            answer = _answer(label, Refusal("unknown_producer", "no such producer"), 404)
+            answer = _answer(state, label, Refusal("unknown_producer", "no such producer"), 404)
         else:
             answer = await _handle(state, found, request, started, slots)
         REQUEST_DURATION.labels(label).observe(time.monotonic() - started)
@@ -201,9 +202,9 @@ async def _handle(
     settings = state.settings
     body = await _read_body(request, settings, started + settings.ingress_read_timeout_s)
     if isinstance(body, Refusal):
-        return _answer(producer.source, body)
+        return _answer(state, producer.source, body)
     if slots.locked():
-        return _answer(producer.source, Refusal("overloaded", "every slot is busy"))
+        return _answer(state, producer.source, Refusal("overloaded", "every slot is busy"))
     async with slots:
         IN_FLIGHT.inc()
         try:
@@ -217,9 +218,14 @@ async def _judge_and_forward(
 ) -> JSONResponse:
     # Freshness is judged at the body's arrival here, and again below at the broker's
     # append time: the arrival the daemon judges the record by (invariant 12).
-    record = to_record(producer, list(request.scope["headers"]), body, datetime.now(UTC))
+    given = list(request.scope["headers"])
+    record = to_record(producer, given, body, datetime.now(UTC))
+
+    def claims(refused: Refusal) -> Claims:
+        return lambda: claims_of(producer, refused, given, body)
+
     if isinstance(record, Refusal):
-        return _answer(producer.source, record)
+        return _answer(state, producer.source, record, claims=claims(record))
     registry, policy = state.registry(), state.settings.policy()
     # In a worker thread, whatever its size: judging is bounded work (the gate's cost
     # bounds) but not nothing, and the event loop serves every other connection.
@@ -227,22 +233,26 @@ async def _judge_and_forward(
     if isinstance(judged, Dropped):
         return _dropped(producer.source, judged.rule)
     if not isinstance(judged, CompletionEvent):
-        return _answer(producer.source, refusal(judged))
+        refused = refusal(judged)
+        return _answer(state, producer.source, refused, claims=claims(refused))
     if judged.source != producer.source:
         return _answer(
-            producer.source, Refusal("ambiguous", "the event's source is not the URL's producer")
+            state,
+            producer.source,
+            Refusal("ambiguous", "the event's source is not the URL's producer"),
         )
     key = f"{judged.tenant}\x1f{judged.correlationid}".encode()
     headers = [(name.decode("ascii"), value or b"") for name, value in record.headers]
     try:
         appended = await state.send(key, body, headers)
     except KafkaUnavailable:
-        return _answer(producer.source, Refusal("kafka_unavailable", "not acknowledged"))
+        return _answer(state, producer.source, Refusal("kafka_unavailable", "not acknowledged"))
     stale = stale_at(dataclasses.replace(record, arrived_at=appended), producer, policy)
     if stale is not None:
         # Written, but past the tolerance where the daemon judges it: it will be
         # quarantined, so the sender must hear a refusal, not 202.
-        return _answer(producer.source, refusal(stale))
+        refused = refusal(stale)
+        return _answer(state, producer.source, refused, claims=claims(refused))
     REQUESTS.labels(producer.source, "accepted").inc()
     log.debug("webhook accepted", extra={"producer": producer.source})
     return JSONResponse({"accepted": True}, status_code=202, headers=_SAFE_HEADERS)
@@ -268,29 +278,29 @@ async def _handle_callback(
     slot."""
     complete = state.complete_callback
     if complete is None:
-        return _answer(CALLBACK_PRODUCER, Refusal("callbacks_disabled", "no database"))
+        return _answer(state, CALLBACK_PRODUCER, Refusal("callbacks_disabled", "no database"))
     refused = checked_token(token)
     if refused is not None:
-        return _answer(CALLBACK_PRODUCER, refused)
+        return _answer(state, CALLBACK_PRODUCER, refused)
     settings = state.settings
     body = await _read_body(request, settings, started + settings.ingress_read_timeout_s)
     if isinstance(body, Refusal):
-        return _answer(CALLBACK_PRODUCER, body)
+        return _answer(state, CALLBACK_PRODUCER, body)
     headers = list(request.scope["headers"])
     made = to_callback(token, request.scope.get("query_string", b""), headers, body)
     if isinstance(made, Refusal):
-        return _answer(CALLBACK_PRODUCER, made)
+        return _answer(state, CALLBACK_PRODUCER, made)
     if slots.locked():
-        return _answer(CALLBACK_PRODUCER, Refusal("overloaded", "every slot is busy"))
+        return _answer(state, CALLBACK_PRODUCER, Refusal("overloaded", "every slot is busy"))
     async with slots:
         IN_FLIGHT.inc()
         try:
-            return await _complete(complete, made)
+            return await _complete(state, complete, made)
         finally:
             IN_FLIGHT.dec()
 
 
-async def _complete(complete: Complete, made: CallbackRequest) -> JSONResponse:
+async def _complete(state: IngressState, complete: Complete, made: CallbackRequest) -> JSONResponse:
     refused: Refusal | None = None
     try:
         answer = await complete(made)
@@ -306,7 +316,7 @@ async def _complete(complete: Complete, made: CallbackRequest) -> JSONResponse:
         if answer.status not in _CALLBACK_ANSWERS:
             refused = Refusal("unknown_callback", "no such token")
     if refused is not None:
-        return _answer(CALLBACK_PRODUCER, refused, label=made.label)
+        return _answer(state, CALLBACK_PRODUCER, refused, label=made.label)
     status, reason = _CALLBACK_ANSWERS[answer.status]
     REQUESTS.labels(CALLBACK_PRODUCER, reason or "accepted").inc()
     log.info(
@@ -372,20 +382,39 @@ def _loop_time(monotonic_deadline: float) -> float:
 
 
 def _answer(
-    producer: str, refused: Refusal, status: int | None = None, label: str | None = None
+    state: IngressState,
+    producer: str,
+    refused: Refusal,
+    status: int | None = None,
+    label: str | None = None,
+    claims: Claims | None = None,
 ) -> JSONResponse:
+    """The refusal's answer (its reason and detail), logged, counted and recorded."""
+    status = status or refused.status
     REQUESTS.labels(producer, refused.reason).inc()
-    extra = {"producer": producer, "outcome": refused.reason}
-    if refused.reason in _LOGGED_DETAIL:
-        extra["detail"] = refused.detail
+    extra = {"producer": producer, "outcome": refused.reason, "detail": _logged(refused)}
     if label is not None:
         extra["callback"] = label
-    log.info(
-        "callback refused" if producer == CALLBACK_PRODUCER else "webhook refused", extra=extra
-    )
+    via = "callback" if producer == CALLBACK_PRODUCER else "webhook"
+    log.info(f"{via} refused", extra=extra)
+    if state.refusals is not None:
+        state.refusals.offer(
+            via, producer, refused.reason, refused.detail, status,
+            claims or (lambda: claims_of(None, refused, [], b"")),
+        )  # fmt: skip
     headers = dict(_SAFE_HEADERS)
     if refused.reason in _RETRY_AFTER_S:
         headers["Retry-After"] = _RETRY_AFTER_S[refused.reason]
     return JSONResponse(
-        {"reason": refused.reason}, status_code=status or refused.status, headers=headers
+        {"reason": refused.reason, "detail": refused.detail[:_MAX_ANSWERED_DETAIL]},
+        status_code=status,
+        headers=headers,
     )
+
+
+def _logged(refused: Refusal) -> str:
+    """A refusal's detail for the log: matcher's own words, a field's place and kind, a
+    mapped value; a schema's complaint only up to where it would quote the data."""
+    if refused.reason == "schema_invalid":
+        return refused.detail.split(":", 1)[0]
+    return refused.detail

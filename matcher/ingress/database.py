@@ -1,5 +1,6 @@
-"""The ingress's database, for callback URLs only: a small pool and one call per request
-(``matcher.complete_callback_v1``), every call bounded in time.
+"""The ingress's database, for callback URLs and refusal records only: a small pool, one
+call per callback (``matcher.complete_callback_v1``) and one per batch of refusal records
+(``matcher.record_refusals_v1``), every call bounded in time.
 
 The pool opens in the background, so the ingress serves webhooks whether or not the
 database is up; a callback that finds no connection in time is answered 503.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from psycopg import AsyncConnection, IsolationLevel
 from psycopg_pool import AsyncConnectionPool
@@ -16,6 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 from matcher.config import IngressSettings
 from matcher.ingress.callbacks import CallbackRequest
 from matcher.store.callbacks import CallbackAnswer, complete_callback
+from matcher.store.refusals import record_refusals
 
 log = logging.getLogger("matcher.ingress")
 
@@ -25,7 +28,7 @@ async def _configure(conn: AsyncConnection) -> None:
     await conn.set_isolation_level(IsolationLevel.READ_COMMITTED)
 
 
-class CallbackStore:
+class IngressDatabase:
     def __init__(self, settings: IngressSettings, conninfo: str) -> None:
         self._timeout_s = settings.ingress_database_timeout_s
         self._pool = AsyncConnectionPool(
@@ -35,7 +38,7 @@ class CallbackStore:
             open=False,
             configure=_configure,
             timeout=settings.ingress_database_timeout_s,
-            name="ingress-callbacks",
+            name="ingress-database",
         )
 
     async def open(self) -> None:
@@ -56,3 +59,7 @@ class CallbackStore:
                 request.event_type,
                 request.trace_parent,
             )
+
+    async def record_refusals(self, refused: list[dict[str, Any]]) -> int:
+        async with asyncio.timeout(self._timeout_s), self._pool.connection() as conn:
+            return await record_refusals(conn, refused)

@@ -80,6 +80,12 @@ DROPPED = Counter(
     ["producer", "rule"],
     registry=REGISTRY,
 )
+REFUSALS_UNRECORDED = Counter(
+    "matcher_ingress_refusals_unrecorded_total",
+    "Refused deliveries logged but not recorded in the database: past "
+    "MATCHER_INGRESS_REFUSAL_RECORDS_PER_S, or the database did not take them.",
+    registry=REGISTRY,
+)
 PRODUCE_ERRORS = Counter(
     "matcher_ingress_kafka_produce_errors_total",
     "Records Kafka did not acknowledge in time or refused (the sender got 503).",

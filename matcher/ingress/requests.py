@@ -25,7 +25,7 @@ ambiguous, and so is a header the gate reads given twice.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from urllib.parse import unquote_to_bytes
 
@@ -38,12 +38,14 @@ from matcher.auth.record import (
     media_type,
 )
 from matcher.auth.registry import Producer
+from matcher.auth.strict_json import JsonRefused, loads
 from matcher.auth.webhooks import (
     GITHUB_SIGNATURE,
     STRIPE_SIGNATURE,
     WEBHOOK_HEADER,
+    Unmappable,
 )
-from matcher.domain.events import Rejection
+from matcher.domain.events import Rejection, summary_storable
 from matcher.domain.records import Header, RawRecord
 
 # HTTP status per reason: what senders' retry machinery understands (4xx: do not retry
@@ -101,6 +103,7 @@ class Refusal:
 
     reason: str
     detail: str
+    seen: dict[str, str] = field(default_factory=dict)  # the gate's reading, unverified
 
     @property
     def status(self) -> int:
@@ -108,7 +111,41 @@ class Refusal:
 
 
 def refusal(rejection: Rejection) -> Refusal:
-    return Refusal(rejection.reason, rejection.detail)
+    return Refusal(rejection.reason, rejection.detail, rejection.seen)
+
+
+# A refusal record's claims, by the names of the gate's reading (Rejection.seen).
+_CLAIMED = {"event_id": "id", "type": "type", "tenant": "tenant", "correlation_id": "correlationid"}
+_GUESS_MAX_DEPTH = 64
+
+
+def claims_of(
+    producer: Producer | None, refused: Refusal, headers: list[tuple[bytes, bytes]], body: bytes
+) -> dict[str, str]:
+    """What a refused delivery claimed, for its record: the gate's reading where it got
+    that far; else, for a plain-webhook producer, its mapping applied to the unverified
+    body, field by field (what fails is left out). Never trusted, never a verdict."""
+    claims = {name: refused.seen[name] for name in _CLAIMED if name in refused.seen}
+    webhook = producer.webhook if producer is not None else None
+    if webhook is None or "correlation_id" in claims or not body:
+        return claims
+    try:
+        document = loads(body, max_depth=_GUESS_MAX_DEPTH)
+    except JsonRefused:
+        return claims
+    respelled = svix_respelled(headers)
+    named = dict(headers if isinstance(respelled, Refusal) else respelled)
+    for name, attribute in _CLAIMED.items():
+        template = webhook.mapping.fields.get(attribute)
+        if name in claims or template is None:
+            continue
+        try:
+            value = template.render(document, named)
+        except (Unmappable, UnicodeDecodeError):
+            continue
+        if value and summary_storable(value):
+            claims[name] = value[:512]
+    return claims
 
 
 def to_record(

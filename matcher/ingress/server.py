@@ -29,12 +29,13 @@ from matcher.auth.registry_watch import RegistryHolder
 from matcher.config import IngressSettings
 from matcher.ingress.app import IngressState, create_app
 from matcher.ingress.connections import bounded_protocol
-from matcher.ingress.database import CallbackStore
+from matcher.ingress.database import IngressDatabase
 from matcher.ingress.forwarder import Forwarder
 from matcher.ingress.metrics import (
     REGISTRY_RELOAD_FAILING,
     REGISTRY_RELOADS,
 )
+from matcher.ingress.refusals import RefusalRecorder
 
 log = logging.getLogger("matcher.ingress")
 
@@ -78,14 +79,18 @@ async def run(settings: IngressSettings, ready: asyncio.Event | None = None) -> 
     stop, stopping = asyncio.Event(), asyncio.Event()
     forwarder = Forwarder(settings)
     conninfo = settings.database_conninfo()
-    callbacks = None if conninfo is None else CallbackStore(settings, conninfo)
+    database = None if conninfo is None else IngressDatabase(settings, conninfo)
+    refusals = None
+    if database is not None and settings.ingress_refusal_records_per_s > 0:
+        refusals = RefusalRecorder(database.record_refusals, settings.ingress_refusal_records_per_s)
     state = IngressState(
         settings=settings,
         registry=lambda: holder.current,
         send=forwarder.send,
         kafka_reachable=forwarder.reachable,
         stopping=stopping,
-        complete_callback=None if callbacks is None else callbacks.complete,
+        complete_callback=None if database is None else database.complete,
+        refusals=refusals,
     )
     server = _Server(_uvicorn_config(settings, create_app(state)))
     listener = _listen(settings)  # bound here, so a busy port is an OSError for the caller
@@ -97,9 +102,15 @@ async def run(settings: IngressSettings, ready: asyncio.Event | None = None) -> 
         asyncio.create_task(forwarder.run(stop), name="ingress-kafka"),
         asyncio.create_task(holder.watch(stop), name="ingress-registry"),
     ]
-    if callbacks is not None:
-        await callbacks.open()  # in the background: webhooks do not wait for the database
-    log.info("callback URLs served" if callbacks else "callback URLs off: no MATCHER_DATABASE_URL")
+    if database is not None:
+        await database.open()  # in the background: webhooks do not wait for the database
+    if refusals is not None:
+        background.append(asyncio.create_task(refusals.run(stop), name="ingress-refusals"))
+    log.info(
+        "callback URLs served, refusals recorded"
+        if database
+        else "callback URLs off and refusals only logged: no MATCHER_DATABASE_URL"
+    )
     serving = asyncio.create_task(server.serve(sockets=[listener]), name="ingress-serve")
     try:
         await _announce(server, serving, listener, ready)
@@ -116,8 +127,8 @@ async def run(settings: IngressSettings, ready: asyncio.Event | None = None) -> 
         stop.set()
         await asyncio.gather(*background, return_exceptions=True)
         await forwarder.close()
-        if callbacks is not None:
-            await callbacks.close()
+        if database is not None:
+            await database.close()
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(ValueError, RuntimeError):
                 loop.remove_signal_handler(sig)

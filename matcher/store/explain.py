@@ -7,7 +7,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from matcher.domain.events import QuarantinedRecord, StoredEvent
+from matcher.domain.events import QuarantinedRecord, RefusedDelivery, StoredEvent
 from matcher.domain.explain import ExplainFacts, OutboxFacts, WorkerFacts
 from matcher.domain.waits import Wait
 from matcher.store.sql import query
@@ -53,6 +53,10 @@ async def gather(
         }
         await cur.execute(query("explain", "quarantine_by_correlation"), params)
         quarantined = [QuarantinedRecord.model_validate(row) for row in await cur.fetchall()]
+        await cur.execute(
+            query("explain", "refusals_by_correlation"), {"correlation_ids": correlations}
+        )
+        refused = [RefusedDelivery.model_validate(row) for row in await cur.fetchall()]
         await cur.execute(query("explain", "outbox_of_wait"), {"wait_id": wait.id})
         row = await cur.fetchone()
         outbox = OutboxFacts(**row) if row else None
@@ -68,6 +72,7 @@ async def gather(
         wait=wait,
         events=events,
         quarantined=quarantined,
+        refused=refused,
         outbox=outbox,
         rematch_queued_since=now_row["queued_since"],
         worker=worker,

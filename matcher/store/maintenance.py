@@ -59,6 +59,11 @@ async def purge_quarantine(conn: AsyncConn, retention: timedelta, limit: int = 5
     return await _in_batches(conn, "purge_quarantine", {"retention": retention, "limit": limit})
 
 
+async def purge_refusals(conn: AsyncConn, retention: timedelta, limit: int = 5000) -> int:
+    """The ingress's refusal records older than ``retention`` are deleted, oldest first."""
+    return await _in_batches(conn, "purge_refusals", {"retention": retention, "limit": limit})
+
+
 async def drop_expired_days(url: str, keep: timedelta) -> int:
     """Drop the days wholly older than ``keep``; return the rows they held.
 

@@ -1050,6 +1050,40 @@ END $$;
 
 
 --
+-- Name: record_refusals_v1(jsonb); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.record_refusals_v1(refused jsonb) RETURNS integer
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $_$
+    WITH given AS (
+        SELECT r FROM jsonb_array_elements(
+            CASE WHEN jsonb_typeof(refused) = 'array' THEN refused ELSE '[]'::jsonb END
+        ) WITH ORDINALITY AS a(r, n)
+        WHERE n <= 1000 AND jsonb_typeof(r) = 'object'
+    ), inserted AS (
+        INSERT INTO matcher.refusals (
+            received_at, via, producer, reason, detail, http_status,
+            claimed_event_id, claimed_type, claimed_tenant, claimed_correlation_id
+        )
+        SELECT coalesce(matcher.refusal_time(r->>'received_at'), now()),
+               CASE WHEN r->>'via' = 'callback' THEN 'callback' ELSE 'webhook' END,
+               left(r->>'producer', 256), left(r->>'reason', 64),
+               left(coalesce(r->>'detail', ''), 1000),
+               CASE WHEN (r->>'http_status') ~ '^[1-5][0-9]{2}$'
+                    THEN (r->>'http_status')::smallint ELSE 400 END,
+               left(r->>'event_id', 512), left(r->>'type', 512),
+               left(r->>'tenant', 512), left(r->>'correlation_id', 512)
+        FROM given
+        WHERE r->>'producer' IS NOT NULL AND r->>'reason' IS NOT NULL
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM inserted
+$_$;
+
+
+--
 -- Name: record_worker_failure_v1(text, text, integer); Type: FUNCTION; Schema: matcher; Owner: -
 --
 
@@ -1075,6 +1109,25 @@ BEGIN
     RETURNING f.attempts, f.parked_at IS NOT NULL INTO counted;
     RETURN counted;
 END $$;
+
+
+--
+-- Name: refusal_time(text); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.refusal_time(given text) RETURNS timestamp with time zone
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    t timestamptz;
+BEGIN
+    t := given::timestamptz;
+    RETURN CASE WHEN abs(extract(epoch FROM t - now())) <= 86400 THEN t END;
+EXCEPTION WHEN others THEN
+    RETURN NULL;
+END
+$$;
 
 
 --
@@ -1560,6 +1613,40 @@ ALTER TABLE matcher.quarantine ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY 
 
 
 --
+-- Name: refusals; Type: TABLE; Schema: matcher; Owner: -
+--
+
+CREATE TABLE matcher.refusals (
+    id bigint NOT NULL,
+    received_at timestamp with time zone NOT NULL,
+    via text NOT NULL,
+    producer text NOT NULL,
+    reason text NOT NULL,
+    detail text NOT NULL,
+    http_status smallint NOT NULL,
+    claimed_event_id text,
+    claimed_type text,
+    claimed_tenant text,
+    claimed_correlation_id text,
+    CONSTRAINT refusals_via_check CHECK ((via = ANY (ARRAY['webhook'::text, 'callback'::text])))
+);
+
+
+--
+-- Name: refusals_id_seq; Type: SEQUENCE; Schema: matcher; Owner: -
+--
+
+ALTER TABLE matcher.refusals ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME matcher.refusals_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+--
 -- Name: agent_runs agent_runs_pkey; Type: CONSTRAINT; Schema: matcher; Owner: -
 --
 
@@ -1669,6 +1756,14 @@ ALTER TABLE ONLY matcher.quarantine
 
 ALTER TABLE ONLY matcher.quarantine
     ADD CONSTRAINT quarantine_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: refusals refusals_pkey; Type: CONSTRAINT; Schema: matcher; Owner: -
+--
+
+ALTER TABLE ONLY matcher.refusals
+    ADD CONSTRAINT refusals_pkey PRIMARY KEY (id);
 
 
 --
@@ -1798,6 +1893,20 @@ CREATE INDEX quarantine_received ON matcher.quarantine USING btree (received_at)
 --
 
 CREATE INDEX quarantine_unreplayed ON matcher.quarantine USING btree (reason, id) WHERE (replayed_at IS NULL);
+
+
+--
+-- Name: refusals_by_correlation; Type: INDEX; Schema: matcher; Owner: -
+--
+
+CREATE INDEX refusals_by_correlation ON matcher.refusals USING btree (claimed_correlation_id, id) WHERE (claimed_correlation_id IS NOT NULL);
+
+
+--
+-- Name: refusals_by_received; Type: INDEX; Schema: matcher; Owner: -
+--
+
+CREATE INDEX refusals_by_received ON matcher.refusals USING btree (received_at);
 
 
 --

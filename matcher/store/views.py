@@ -10,7 +10,7 @@ from psycopg.rows import dict_row
 
 from matcher.store.sql import query
 
-View = Literal["waits", "events", "quarantine"]
+View = Literal["waits", "events", "quarantine", "refusals"]
 
 
 def view_rows(

@@ -30,6 +30,15 @@ WHERE correlation_id = %(correlation_id)s
 ORDER BY id
 LIMIT 200;
 
+-- name: refusals_by_correlation
+-- Deliveries the ingress refused that claimed one of these correlation ids (unverified).
+SELECT id, received_at, via, producer, reason, detail, http_status, claimed_event_id,
+       claimed_type, claimed_tenant, claimed_correlation_id
+FROM matcher.refusals
+WHERE claimed_correlation_id = ANY (%(correlation_ids)s::text[])
+ORDER BY id DESC
+LIMIT 50;
+
 -- name: outbox_of_wait
 SELECT resolution_id, created_at, published_at FROM matcher.outbox WHERE wait_id = %(wait_id)s;
 

@@ -97,3 +97,14 @@ ALTER TABLE matcher.inbox DETACH PARTITION {day} FINALIZE;
 
 -- name: drop_day
 DROP TABLE {day};
+
+-- name: purge_refusals
+-- Refused deliveries past MATCHER_QUARANTINE_RETENTION (the same retention as the
+-- quarantine's: both are what was refused), oldest first, a bounded batch at a time.
+DELETE FROM matcher.refusals
+WHERE id IN (
+    SELECT id FROM matcher.refusals
+    WHERE received_at < now() - %(retention)s::interval
+    ORDER BY received_at
+    LIMIT %(limit)s
+);

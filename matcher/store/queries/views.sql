@@ -36,3 +36,15 @@ WHERE (%(reason)s::text IS NULL OR reason = %(reason)s)
   AND (%(correlation_id)s::text IS NULL OR correlation_id = %(correlation_id)s)
 ORDER BY id DESC
 LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: refusals
+-- Deliveries the ingress refused, newest first; claimed_* are the requests' unverified
+-- claims.
+SELECT id, received_at, via, producer, reason, detail, http_status, claimed_event_id,
+       claimed_type, claimed_tenant, claimed_correlation_id
+FROM matcher.refusals
+WHERE (%(reason)s::text IS NULL OR reason = %(reason)s)
+  AND (%(producer)s::text IS NULL OR producer = %(producer)s)
+  AND (%(correlation_id)s::text IS NULL OR claimed_correlation_id = %(correlation_id)s)
+ORDER BY id DESC
+LIMIT %(limit)s OFFSET %(offset)s;
