@@ -18,6 +18,7 @@ import json
 import logging
 import re
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -205,6 +206,54 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+# aiokafka's logger for its consumer group, and how it says the group's coordinator is
+# not known yet (the error's class name is in the message).
+COORDINATOR_LOGGER = "aiokafka.consumer.group_coordinator"
+_COORDINATOR_FAILED = "Group Coordinator Request failed"
+_NOT_AVAILABLE = "CoordinatorNotAvailable"  # GroupCoordinatorNotAvailableError, Kafka's code 15
+
+
+class CoordinatorStartFilter(logging.Filter):
+    """aiokafka logs "Group Coordinator Request failed: GroupCoordinatorNotAvailableError"
+    at ERROR on each retry while a new broker creates its offsets topic: on a cluster's
+    first start, seconds of ERRORs that need no one. For ``grace_s`` from the first one,
+    the first is told once at INFO, saying why, and the others are dropped; past it (the
+    coordinator still not there: an offsets topic that cannot be created, a broker down)
+    every one is an ERROR again, as is any other failure of the request."""
+
+    def __init__(self, grace_s: float = 60.0, clock: Callable[[], float] = time.monotonic):
+        super().__init__()
+        self._grace_s, self._clock = grace_s, clock
+        self._first: float | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR or not isinstance(record.msg, str):
+            return True
+        if not record.msg.startswith(_COORDINATOR_FAILED):
+            return True
+        if _NOT_AVAILABLE not in record.getMessage():
+            return True
+        now = self._clock()
+        if self._first is None:
+            self._first = now
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg = (
+                "the consumer group's coordinator is not available yet (a new broker creating"
+                " its offsets topic, or the coordinator moving); retrying for up to %.0f s"
+                " before this is an error"
+            )
+            record.args = (self._grace_s,)
+            return True
+        return now - self._first >= self._grace_s
+
+
+def quiet_coordinator_start() -> None:
+    """Install ``CoordinatorStartFilter`` on aiokafka's group logger (once per process)."""
+    logger = logging.getLogger(COORDINATOR_LOGGER)
+    if not any(isinstance(f, CoordinatorStartFilter) for f in logger.filters):
+        logger.addFilter(CoordinatorStartFilter())
+
+
 def configure(level: str = "INFO", fmt: str = "text") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
@@ -213,5 +262,6 @@ def configure(level: str = "INFO", fmt: str = "text") -> None:
     root.setLevel(level)
     # aiokafka logs every reconnect at ERROR; its state reaches us through exceptions.
     logging.getLogger("aiokafka").setLevel(max(logging.WARNING, root.level))
+    quiet_coordinator_start()
     # uvicorn's own start-up chatter; matcher logs the admin address itself.
     logging.getLogger("uvicorn.error").setLevel(max(logging.WARNING, root.level))

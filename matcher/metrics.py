@@ -9,10 +9,16 @@ from __future__ import annotations
 
 import platform
 
-from prometheus_client import Counter, Gauge, Histogram, Info
+from prometheus_client import Counter, Gauge, Histogram, Info, disable_created_metrics
 
 from matcher import __version__
 from matcher.domain.events import REASONS
+from matcher.domain.waits import Outcome
+
+# No ``*_created`` series: prometheus_client would add one per counter and histogram
+# (and per label set), doubling the families scraped for a timestamp nothing here reads.
+# (Collection reads the switch, so it holds for every metric of this process.)
+disable_created_metrics()  # type: ignore[no-untyped-call]  # (untyped upstream)
 
 BUILD_INFO = Info("matcher_build", "The matcher version this process runs (value 1).")
 BUILD_INFO.info({"version": __version__, "python": platform.python_version()})
@@ -59,6 +65,8 @@ RESUMES_PUBLISHED = Counter(
     "Resume messages published, by outcome (cancels and early matches included).",
     ["outcome"],  # event, timeout, cancelled
 )
+for _outcome in Outcome:  # at 0 from the start, as the rejection reasons
+    RESUMES_PUBLISHED.labels(_outcome.value)
 BATCH_SIZE = Histogram(
     "matcher_ingest_batch_records",
     "Records per ingest batch (one transaction each).",

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client import Counter, Gauge
@@ -26,12 +27,19 @@ def _reason(exc: Exception) -> str:
 
 class RegistryHolder:
     """The registry in force (``current``), from ``path`` (None: the empty registry),
-    looked at every ``interval_s``; each process passes the metrics it exports."""
+    looked at every ``interval_s``; each process passes the metrics it exports, and
+    ``on_load``, called with each registry put in force (at start and on each reload)."""
 
     def __init__(
-        self, path: Path | None, interval_s: float, reloads: Counter, failing: Gauge
+        self,
+        path: Path | None,
+        interval_s: float,
+        reloads: Counter,
+        failing: Gauge,
+        on_load: Callable[[Registry], None] | None = None,
     ) -> None:
         self._reloads, self._failing = reloads, failing
+        self._on_load = on_load
         self._interval_s = interval_s
         self._path = path
         self._stamp: tuple[float, int] | None = None
@@ -43,10 +51,15 @@ class RegistryHolder:
             return
         self._stamp = self._file_stamp()
         self.current = load_registry(self._path)
+        self._put_in_force(self.current)
         log.info(
             "producer registry loaded",
             extra={"file": str(self._path), "producers": len(self.current.producers)},
         )
+
+    def _put_in_force(self, registry: Registry) -> None:
+        if self._on_load is not None:
+            self._on_load(registry)
 
     def _file_stamp(self) -> tuple[float, int] | None:
         assert self._path is not None
@@ -75,6 +88,7 @@ class RegistryHolder:
             )
             return False
         self.current = registry
+        self._put_in_force(registry)
         self._reloads.labels("ok").inc()
         self._failing.set(0)
         log.info(

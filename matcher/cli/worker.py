@@ -9,7 +9,7 @@ import sys
 from typing import Annotated, Any
 
 import typer
-from prometheus_client import start_http_server
+from prometheus_client import disable_created_metrics, start_http_server
 
 from matcher.cli.app import app
 from matcher.cli.output import EXIT_USAGE, JsonFlag, fail, print_json, say
@@ -77,9 +77,18 @@ def worker(
         fail([f"matcher: --handler {handler}: not a function"], code=EXIT_USAGE)
     configure_logging(settings)
     if settings.worker_metrics_address is not None:
-        host, port = host_port(settings.worker_metrics_address)
-        start_http_server(port, addr=host)
+        serve_metrics(settings.worker_metrics_address)
     asyncio.run(serve(function, settings))
+
+
+def serve_metrics(address: str) -> None:
+    """The worker's metrics over HTTP at ``address`` (HOST:PORT), without ``*_created``
+    series (one per counter and histogram, a timestamp nothing reads). Only the worker
+    command does this: a worker embedded in another program leaves that program's
+    metrics as they are."""
+    disable_created_metrics()  # type: ignore[no-untyped-call]  # (untyped upstream)
+    host, port = host_port(address)
+    start_http_server(port, addr=host)
 
 
 @resumes_app.command("retry")

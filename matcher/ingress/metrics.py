@@ -6,6 +6,7 @@ token), ``outcome`` a fixed code."""
 from __future__ import annotations
 
 import platform
+from collections.abc import Iterable
 
 from prometheus_client import (
     PROCESS_COLLECTOR,
@@ -14,9 +15,15 @@ from prometheus_client import (
     Gauge,
     Histogram,
     Info,
+    disable_created_metrics,
 )
 
 from matcher import __version__
+from matcher.auth.registry import Producer
+
+# No ``*_created`` series: one per counter and histogram (and per label set) would double
+# the families scraped for a timestamp nothing here reads.
+disable_created_metrics()  # type: ignore[no-untyped-call]  # (untyped upstream)
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 REGISTRY.register(PROCESS_COLLECTOR)
@@ -53,6 +60,21 @@ OUTCOMES = (
     "busy",
     "database_unavailable",
 )
+# Outcomes no registered producer's webhook can have: a request to an unregistered name
+# is counted as _unknown's, the rest are callbacks'.
+_NOT_A_PRODUCERS = frozenset(
+    {
+        "unknown_producer",
+        "unknown_callback",
+        "callbacks_disabled",
+        "duplicate",
+        "resolved",
+        "late",
+        "busy",
+        "database_unavailable",
+    }
+)
+PRODUCER_OUTCOMES = tuple(o for o in OUTCOMES if o not in _NOT_A_PRODUCERS)
 
 BUILD_INFO = Info(
     "matcher_build", "The matcher version this process runs (value 1).", registry=REGISTRY
@@ -115,3 +137,17 @@ REGISTRY_RELOAD_FAILING = Gauge(
     "1 while the producers file on disk cannot be loaded (the last good one is in force).",
     registry=REGISTRY,
 )
+
+
+def initialise_producer_series(producers: Iterable[Producer]) -> None:
+    """Every series a registered producer can have, at 0 from the moment it is registered
+    (at start and on each reload of the producers file): a rate or a share over a series
+    that appears only at its first request misses that request. Bounded: producers times
+    outcomes. A producer removed from the file keeps its series (what it counted stays
+    readable) until the process restarts.
+
+    A producer's drop rules belong here too: ``DROPPED`` by producer and rule name.
+    """
+    for producer in producers:
+        for outcome in PRODUCER_OUTCOMES:
+            REQUESTS.labels(producer.source, outcome)

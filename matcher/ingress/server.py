@@ -34,6 +34,7 @@ from matcher.ingress.forwarder import Forwarder
 from matcher.ingress.metrics import (
     REGISTRY_RELOAD_FAILING,
     REGISTRY_RELOADS,
+    initialise_producer_series,
 )
 from matcher.ingress.refusals import RefusalRecorder
 
@@ -74,6 +75,7 @@ async def run(settings: IngressSettings, ready: asyncio.Event | None = None) -> 
         settings.producers_reload_interval_s,
         REGISTRY_RELOADS,
         REGISTRY_RELOAD_FAILING,
+        on_load=lambda registry: initialise_producer_series(registry.producers.values()),
     )
     holder.load_initial()
     stop, stopping = asyncio.Event(), asyncio.Event()

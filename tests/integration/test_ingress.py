@@ -164,6 +164,45 @@ async def test_a_reload_of_a_file_that_is_not_utf8_keeps_the_registry_and_the_wa
         assert process.stop() == 0, process.output
 
 
+def _zero_outcomes(address: str, producer: str) -> set[str]:
+    prefix = "matcher_ingress_requests_total{"
+    return {
+        line.split('outcome="', 1)[1].split('"', 1)[0]
+        for line in httpx.get(f"{address}/metrics", timeout=HTTP_TIMEOUT).text.splitlines()
+        if line.startswith(prefix) and f'producer="{producer}"' in line and line.endswith(" 0.0")
+    }
+
+
+@pytest.mark.timeout(120)
+async def test_every_registered_producer_has_its_outcomes_at_zero_from_load_and_reload(
+    webhooks_secure: Settings,
+) -> None:
+    """A share or a rate over a series that appears only at its first request misses that
+    request: each producer's outcomes are there at 0 from its registration, at start and
+    when a reload brings it."""
+    path = webhooks_secure.producers_file
+    assert path is not None
+    process = IngressProcess(
+        ingress_env(webhooks_secure, MATCHER_PRODUCERS_RELOAD_INTERVAL_S="0.2")
+    )
+    try:
+        address = process.wait_listening()
+        process.wait_ready()
+        for producer in ("openai", "github", "stripe", "ce-svc"):
+            assert {"accepted", "dropped", "bad_signature"} <= _zero_outcomes(address, producer)
+        assert _zero_outcomes(address, "github-ci") == set()
+        added = senders.PRODUCERS_TOML.split('[producers."openai"]')[0]  # ce-svc's table
+        path.write_text(senders.PRODUCERS_TOML + added.replace('"ce-svc"', '"github-ci"'))
+        await eventually(
+            lambda: "bad_signature" in _zero_outcomes(address, "github-ci"),
+            timeout=20,
+            what="github-ci's outcomes after the reload",
+        )
+        assert "dropped" in _zero_outcomes(address, "github-ci")
+    finally:
+        assert process.stop() == 0, process.output
+
+
 def _duplicates(settings: Settings) -> int:
     found = rows(
         settings,

@@ -84,10 +84,11 @@ def test_the_webhook_panels_answer_what_an_operator_asks() -> None:
     share = by_title["Webhook rejected share by producer"]
     [expr] = [t["expr"] for t in share["targets"]]
     numerator, denominator = expr.split(" / ")
-    assert 'outcome!="accepted"' in numerator
+    assert 'outcome!~"accepted|dropped"' in numerator  # a dropped delivery is no refusal
     assert numerator.startswith("sum by (producer) (rate(")
+    # Only producers with requests: an idle one has no share (not 0/0, NaN).
     assert denominator == (
-        "sum by (producer) (rate(matcher_ingress_requests_total[$__rate_interval]))"
+        "(sum by (producer) (rate(matcher_ingress_requests_total[$__rate_interval])) > 0)"
     )
     assert (share["fieldConfig"]["defaults"]["min"], share["fieldConfig"]["defaults"]["max"]) == (
         0,

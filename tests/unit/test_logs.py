@@ -6,6 +6,7 @@ import ast
 import json
 import logging
 import re
+import subprocess
 import sys
 import unicodedata
 
@@ -13,7 +14,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from matcher.logs import FORMAT_CHARACTERS, JsonFormatter, TextFormatter, escape, quoted
+from matcher.logs import (
+    FORMAT_CHARACTERS,
+    CoordinatorStartFilter,
+    JsonFormatter,
+    TextFormatter,
+    escape,
+    quoted,
+)
 
 HOSTILE = 'billing\nFORGED level=ERROR msg="x"\r\x1b[2J\u2028 end'
 
@@ -146,3 +154,43 @@ def test_a_value_with_both_quotes_cannot_end_early() -> None:
     shown = escape(quoted("x\", not 'acme"))
     assert shown == "'x\", not \\\\'acme'"  # repr's backslash, shown doubled
     assert _read_quoted(shown) == "x\", not 'acme"
+
+
+def _coordinator_record(error: str) -> logging.LogRecord:
+    return logging.LogRecord(
+        "aiokafka.consumer.group_coordinator", logging.ERROR, "group_coordinator.py", 566,
+        "Group Coordinator Request failed: %s", (error,), None,
+    )  # fmt: skip
+
+
+def test_a_coordinator_not_yet_available_is_said_once_at_info_then_an_error_past_grace() -> None:
+    now = [0.0]
+    quiet = CoordinatorStartFilter(grace_s=60, clock=lambda: now[0])
+    not_available = "[Error 15] GroupCoordinatorNotAvailableError"
+    first = _coordinator_record(not_available)
+    assert quiet.filter(first)
+    assert (first.levelno, first.levelname) == (logging.INFO, "INFO")
+    assert "not available yet" in first.getMessage()
+    now[0] = 5.0
+    assert not quiet.filter(_coordinator_record(not_available))  # the retries: dropped
+    other = _coordinator_record("[Error 7] RequestTimedOutError")
+    assert quiet.filter(other)
+    assert other.levelno == logging.ERROR  # another failure stays an error
+    now[0] = 61.0
+    late = _coordinator_record(not_available)
+    assert quiet.filter(late)
+    assert late.levelno == logging.ERROR  # still not there past the grace: a real fault
+
+
+def test_configure_quiets_the_coordinator_start_once() -> None:
+    script = (
+        "import logging\n"
+        "from matcher.logs import COORDINATOR_LOGGER, CoordinatorStartFilter, configure\n"
+        "configure(); configure()\n"
+        "filters = logging.getLogger(COORDINATOR_LOGGER).filters\n"
+        "print(sum(isinstance(f, CoordinatorStartFilter) for f in filters))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "1"), done.stderr
