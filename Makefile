@@ -130,9 +130,9 @@ bench-quick: install ## The benchmark in about 5 minutes with the peers (fewer e
 	scripts/install-restate >/dev/null || echo "bench: no restate-server, the Restate peer will be null" >&2
 	$(USE_ENV); $(BIN)/python -m bench.run --quick
 
-screenshots: install ## Remake the docs' console screenshots (docs/*.png) with the browser tests.
+screenshots: install ## Remake the docs' console screenshots (docs/operations/console/*.png) with the browser tests.
 	scripts/install-chromium >/dev/null
-	$(USE_ENV); MATCHER_TEST_SCREENSHOTS_DIR=docs $(BIN)/pytest -q tests/browser
+	$(USE_ENV); MATCHER_TEST_SCREENSHOTS_DIR=docs/operations/console $(BIN)/pytest -q tests/browser -k accessibility
 
 schemas: install ## Regenerate schemas/ from the pydantic models (a test fails when they drift).
 	$(BIN)/python -m matcher.wire_schemas schemas

@@ -4,6 +4,7 @@ models (the operator console, matcher.admin.console, renders them)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -63,7 +64,14 @@ async def clock(conn: Conn) -> datetime:
 async def waiting_facts(conn: Conn, waits: int, now: datetime) -> list[ExplainFacts]:
     """Explain's facts (from Postgres) of the ``waits`` oldest waiting waits."""
     oldest = [Wait.model_validate(r) for r in await _rows(conn, "oldest_waiting", {"limit": waits})]
-    keys = {"correlation_ids": sorted({w.correlation_id for w in oldest}), "limit": RELATED_LIMIT}
+    return await facts_of_waits(conn, oldest, now)
+
+
+async def facts_of_waits(conn: Conn, waits: list[Wait], now: datetime) -> list[ExplainFacts]:
+    """Explain's facts (from Postgres) of these waiting waits, read in three statements."""
+    if not waits:
+        return []
+    keys = {"correlation_ids": sorted({w.correlation_id for w in waits}), "limit": RELATED_LIMIT}
     events = [
         StoredEvent.model_validate(r) for r in await _rows(conn, "events_of_correlations", keys)
     ]
@@ -83,8 +91,22 @@ async def waiting_facts(conn: Conn, waits: int, now: datetime) -> list[ExplainFa
             quarantined=[q for q in quarantined if q.correlation_id == w.correlation_id],
             rematch_queued_since=queued.get((w.tenant, w.correlation_id)),
         )
-        for w in oldest
+        for w in waits
     ]
+
+
+async def worker_failures_of(conn: Conn, waits: list[Wait]) -> dict[UUID, bool]:
+    """Of these waits, those whose resume a worker's handler failed on: parked or not."""
+    if not waits:
+        return {}
+    params = {
+        "tenants": [w.tenant for w in waits],
+        "run_ids": [w.run_id for w in waits],
+        "ids": [w.id for w in waits],
+    }
+    return {
+        r["wait_id"]: r["parked"] for r in await _rows(conn, "worker_failures_of_waits", params)
+    }
 
 
 @dataclass(frozen=True)
@@ -200,10 +222,17 @@ class QuarantineRow:
     value_size: int | None
 
 
-async def quarantine_page(
-    conn: Conn, reason: str | None, producer: str | None, limit: int, offset: int
-) -> list[QuarantineRow]:
-    params = {"reason": reason, "producer": producer, "limit": limit, "offset": offset}
+@dataclass(frozen=True)
+class QuarantineQuery:
+    reason: str | None = None
+    producer: str | None = None
+    correlation_id: str | None = None
+    limit: int = 50
+    offset: int = 0
+
+
+async def quarantine_page(conn: Conn, q: QuarantineQuery) -> list[QuarantineRow]:
+    params = dataclasses.asdict(q)
     return [
         QuarantineRow(
             QuarantinedRecord.model_validate(r),

@@ -22,6 +22,7 @@ from typing import Any, ClassVar, TypeVar
 import psycopg
 import pytest
 from aiokafka import AIOKafkaProducer
+from axe_playwright_python.sync_playwright import Axe
 from matcher_producer.event import CompletionEvent as ProducerEvent
 from matcher_producer.event import encode
 from matcher_producer.signing import SigningKey, sign_record
@@ -44,6 +45,12 @@ K1 = "whsec_" + base64.b64encode(b"console-key-one-0123456789abcdef").decode()
 K2 = "whsec_" + base64.b64encode(b"console-key-two-0123456789abcdef").decode()
 XSS_SCRIPT = "<script>alert(1)</script>"
 XSS_IMG = '"><img src=x onerror=alert(2)>'
+# GitHub-sized bodies: 50 events of about 15 KB of JSON each, on one correlation id.
+BIG_EVENTS = 50
+BIG_DATA = {
+    "repository": {"full_name": "acme/widgets", "description": "x" * 200},
+    "commits": [{"id": f"{i:040x}", "message": "fix the build " * 20} for i in range(50)],
+}
 
 
 def _producers(keys: dict[str, str]) -> str:
@@ -120,7 +127,8 @@ async def _hold_open(settings: Settings, record: Any) -> AIOKafkaProducer:
 
 def _scenario(settings: Settings) -> None:
     for run_id, correlation in [("r-mismatch", "c-mismatch"), ("r-backlog", "c-backlog"),
-                                ("r-xss", "c-xss"), ("r-replay", "c-replay")]:  # fmt: skip
+                                ("r-xss", "c-xss"), ("r-replay", "c-replay"),
+                                ("r-quarantined", "c-quarantined")]:  # fmt: skip
         _register(settings, run_id, correlation)
     _Loop.shared.run(
         _send(
@@ -131,6 +139,10 @@ def _scenario(settings: Settings) -> None:
                         data={"note": XSS_SCRIPT, "other": XSS_IMG}),
                 _signed(K2, type="job.completed", tenant="acme", correlation_id="c-replay",
                         headers=[("x-note", XSS_IMG.encode())]),
+                # Never replayed: the run page links to its record.
+                _signed(K2, type="job.completed", tenant="acme", correlation_id="c-quarantined"),
+                *(_signed(K1, type="job.progress", tenant="acme", correlation_id="c-big",
+                          data=BIG_DATA) for _ in range(BIG_EVENTS)),
             ],
         )
     )  # fmt: skip
@@ -164,8 +176,8 @@ def _console(settings: Settings, producers: Path) -> Iterator[Console]:
     found = Console(daemon.admin_url(), settings, producers, daemon=daemon)
     try:
         _scenario(settings)
-        _until(lambda: scalar(settings, "SELECT count(*) FROM matcher.inbox") == 2
-               and scalar(settings, "SELECT count(*) FROM matcher.quarantine") == 1)  # fmt: skip
+        _until(lambda: scalar(settings, "SELECT count(*) FROM matcher.inbox") == 2 + BIG_EVENTS
+               and scalar(settings, "SELECT count(*) FROM matcher.quarantine") == 2)  # fmt: skip
         found.held = loop.run(
             _hold_open(settings, _signed(K1, type="job.completed", tenant="acme",
                                          correlation_id="c-backlog"))
@@ -235,8 +247,9 @@ def _sign_in(page: Page, console: Console, token: str = TOKEN) -> None:
 
 def _screenshot(page: Page, name: str) -> None:
     target = os.environ.get("MATCHER_TEST_SCREENSHOTS_DIR")
-    if target:
-        page.screenshot(path=str(Path(target) / name), full_page=True)
+    if target:  # the whole page, unless long (the images stay small)
+        tall = page.evaluate("document.documentElement.scrollHeight") > 2000
+        page.screenshot(path=str(Path(target) / name), full_page=not tall)
 
 
 def test_signed_out_is_sent_to_sign_in_and_a_wrong_token_is_refused(
@@ -249,7 +262,6 @@ def test_signed_out_is_sent_to_sign_in_and_a_wrong_token_is_refused(
     _sign_in(page, console)
     assert page.url.rstrip("/").endswith("/console")
     assert int(page.locator("#verdict-mismatch").inner_text().split()[0]) >= 1
-    _screenshot(page, "console-overview.png")
     page.get_by_role("button", name="Sign out").click()
     page.goto(f"{console.url}/console")
     assert "/console/sign-in" in page.url
@@ -264,7 +276,6 @@ def test_a_run_whose_event_came_with_the_wrong_tenant_is_a_mismatch(
     verdict = page.locator("#verdict")
     assert "mismatch" in verdict.inner_text()
     assert "tenant" in verdict.inner_text()
-    _screenshot(page, "console-run.png")
 
 
 def test_a_run_whose_event_sits_behind_lag_is_backlog(page: Page, console: Console) -> None:
@@ -354,3 +365,168 @@ def test_readable_at_desktop_and_phone_widths(
             assert overflow <= 1, f"{path} is {overflow}px wider than {width}px"
     finally:
         context.close()
+
+
+@contextlib.contextmanager
+def _at_width(browser: Browser, width: int, height: int = 800) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": width, "height": height})
+    opened = context.new_page()
+    opened.set_default_timeout(15_000)
+    try:
+        yield opened
+    finally:
+        context.close()
+
+
+def test_a_run_links_to_the_record_its_event_was_quarantined_as(
+    page: Page, console: Console
+) -> None:
+    _sign_in(page, console)
+    page.goto(f"{console.url}/console/runs/r-quarantined")
+    assert "bad_signature" in page.locator("#verdict").inner_text()
+    link = page.locator("#related a", has_text="bad_signature")
+    assert link.count() == 1
+    link.click()
+    page.wait_for_url("**/console/quarantine?correlation_id=c-quarantined*")
+    assert page.get_by_label("Correlation id").input_value() == "c-quarantined"
+    rows = page.locator("main table tbody tr")
+    assert rows.count() == 1
+    assert "c-quarantined" in rows.first.inner_text()
+    assert page.locator("tr:target").count() == 1  # the record linked to, highlighted
+
+
+def test_big_payloads_are_collapsed_to_one_line(page: Page, console: Console) -> None:
+    _sign_in(page, console)
+    page.goto(f"{console.url}/console/events?correlation_id=c-big")
+    assert page.locator("main table tbody tr").count() == BIG_EVENTS
+    height = page.evaluate("document.documentElement.scrollHeight")
+    assert height < 6000, f"50 events make the page {height}px tall"
+    data = page.locator("main table tbody tr").first.locator("details")
+    assert not data.locator("pre").is_visible()
+    data.locator("summary").click()
+    assert "fix the build" in data.locator("pre").inner_text()
+
+
+# Cells whose text is one word (no space) laid out on more than one line.
+BROKEN_WORDS = """() => {
+  const broken = [];
+  for (const cell of document.querySelectorAll('main td, main th')) {
+    const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      const word = node.textContent.trim();
+      if (!word || /\\s/.test(word) || word.length > 40) continue;
+      const range = document.createRange();
+      range.selectNodeContents(node);
+      const lines = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
+      if (lines.size > 1) broken.push(word);
+    }
+  }
+  return broken;
+}"""
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_words_do_not_break_inside_table_cells(
+    browser: Browser, console: Console, width: int
+) -> None:
+    with _at_width(browser, width) as page:
+        _sign_in(page, console)
+        for path in (
+            "/console/runs",
+            "/console/runs/r-mismatch",
+            "/console/events",
+            "/console/quarantine",
+        ):
+            page.goto(console.url + path)
+            assert page.evaluate(BROKEN_WORDS) == [], f"{path} at {width}px"
+
+
+def test_ids_are_truncated_and_results_come_first_on_a_phone(
+    browser: Browser, console: Console
+) -> None:
+    with _at_width(browser, 390) as page:
+        _sign_in(page, console)
+        for path in ("/console/runs", "/console/events", "/console/quarantine"):
+            page.goto(console.url + path)
+            top = page.locator("main table tbody tr").first.bounding_box()
+            assert top is not None
+            assert top["y"] < 800, f"{path}: the first result is {top['y']}px down"
+        page.goto(f"{console.url}/console/runs")
+        assert not page.get_by_label("Tenant").is_visible()  # the filters, folded
+        page.locator("details.filters > summary").click()
+        assert page.get_by_label("Tenant").is_visible()
+        page.goto(f"{console.url}/console/runs/r-mismatch")
+        wait_id = scalar(
+            console.settings, "SELECT id FROM matcher.waits WHERE run_id = 'r-mismatch'"
+        )
+        shown = page.locator(f'input.id[value="{wait_id}"]')
+        assert shown.get_attribute("title") == str(wait_id)
+        assert shown.get_attribute("readonly") is not None  # selectable, copyable, in Tab order
+        box = shown.bounding_box()
+        assert box is not None
+        assert box["width"] < 150, box
+        assert box["height"] < 40, box
+
+
+def test_the_runs_list_shows_every_verdict(page: Page, console: Console) -> None:
+    _sign_in(page, console)
+    page.goto(f"{console.url}/console/runs")
+    assert page.get_by_label("Tenant").is_visible()  # the filters, open on a wide screen
+    headers = page.locator("main table thead th").all_inner_texts()
+    assert "Verdict" in headers
+    column = headers.index("Verdict")
+    row = page.locator("main table tbody tr", has_text="r-mismatch")
+    assert row.locator("td").nth(column).inner_text().strip() == "mismatch"
+    row = page.locator("main table tbody tr", has_text="r-backlog")
+    assert row.locator("td").nth(column).inner_text().strip() == "backlog"
+
+
+def test_signed_out_pages_have_no_navigation_and_there_is_a_favicon(
+    page: Page, console: Console
+) -> None:
+    page.goto(f"{console.url}/console/sign-in")
+    assert page.locator('nav[aria-label="Console"]').count() == 0
+    icon = page.locator('link[rel="icon"]').get_attribute("href")
+    assert icon is not None
+    answer = page.request.get(console.url + icon)
+    assert answer.status == 200
+    assert answer.headers["content-type"].startswith("image/svg+xml")
+    assert page.request.get(f"{console.url}/favicon.ico").status == 200
+
+
+# The console's pages, by the name of their screenshot.
+PAGES = {
+    "overview": "/console",
+    "runs": "/console/runs",
+    "run": "/console/runs/r-mismatch",
+    "run-quarantined": "/console/runs/r-quarantined",
+    "events": "/console/events",
+    "quarantine": "/console/quarantine",
+}
+SERIOUS = ("serious", "critical")
+
+
+def _violations(page: Page) -> list[str]:
+    found = Axe().run(page).response["violations"]
+    return [
+        f"{v['id']} ({v['impact']}): {[n['target'] for n in v['nodes']][:5]}"
+        for v in found
+        if v["impact"] in SERIOUS
+    ]
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_no_serious_accessibility_violations(
+    browser: Browser, console: Console, width: int
+) -> None:
+    """axe-core over every page, signed out and in; the docs' screenshots are taken here."""
+    with _at_width(browser, width) as page:
+        page.goto(f"{console.url}/console/sign-in")
+        problems = {"sign-in": _violations(page)}
+        _screenshot(page, f"sign-in-{width}.png")
+        _sign_in(page, console)
+        for name, path in PAGES.items():
+            page.goto(console.url + path)
+            problems[name] = _violations(page)
+            _screenshot(page, f"{name}-{width}.png")
+        assert {k: v for k, v in problems.items() if v} == {}

@@ -360,3 +360,40 @@ def test_replay_asks_then_reports(signed_in: httpx.Client, console: Console) -> 
         assert f'id="outcome-{record}"' in done.text
     assert "still rejected: malformed" in done.text
     assert scalar(console.settings, "SELECT count(*) FROM matcher.quarantine") == before
+
+
+def test_the_runs_list_has_a_verdict_column(signed_in: httpx.Client) -> None:
+    page = signed_in.get("/console/runs").text  # waiting waits, unfiltered by verdict
+    assert '<th scope="col">Verdict</th>' in page
+    row = re.search(r"<tr>\s*<td><a [^>]*>run-mismatch</a>.*?</tr>", page, re.S)
+    assert row, page
+    assert "<td>mismatch</td>" in row.group(0)
+    row = re.search(r"<tr>\s*<td><a [^>]*>run-fan-in</a>.*?</tr>", page, re.S)
+    assert row, page
+    assert "<td>missing_signal</td>" in row.group(0) or "<td>waiting</td>" in row.group(0)
+
+
+def test_signed_out_pages_show_no_navigation(console: Console) -> None:
+    with httpx.Client(base_url=console.url, timeout=30) as http:
+        page = http.get("/console/sign-in").text
+        assert "<nav" not in page
+        assert 'href="/console/runs"' not in page
+        assert '<link rel="icon"' in page
+
+
+def test_the_favicon_is_served(console: Console) -> None:
+    with httpx.Client(base_url=console.url, timeout=30) as http:
+        for path in ("/favicon.ico", "/console/static/favicon.svg"):
+            answer = http.get(path)
+            assert answer.status_code == 200, path
+            assert answer.headers["content-type"].startswith("image/svg+xml"), path
+            assert answer.content.lstrip().startswith(b"<svg"), path
+            assert len(answer.content) < 1024, path
+
+
+def test_quarantine_filters_by_correlation_id(signed_in: httpx.Client) -> None:
+    page = signed_in.get("/console/quarantine", params={"correlation_id": "no-such-key"})
+    assert page.status_code == 200
+    assert 'name="correlation_id" value="no-such-key"' in page.text
+    assert "No quarantined records." in page.text
+    assert 'name="ids"' not in page.text

@@ -183,8 +183,10 @@ CONSOLE = [
     ("events_by_correlation_page", {"correlation_id": "c-1", "job_id": None, **PAGE}),
     ("events_by_job_page", {"job_id": "job-1", **PAGE}),
     ("events_pending_page", PAGE),
-    ("quarantine_page", {"reason": None, "producer": None, **PAGE}),
-    ("quarantine_page", {"reason": "malformed", "producer": "p", **PAGE}),
+    ("quarantine_page", {"reason": None, "producer": None, "correlation_id": None, **PAGE}),
+    ("quarantine_page", {"reason": "malformed", "producer": "p", "correlation_id": None, **PAGE}),
+    ("quarantine_page", {"reason": None, "producer": None, "correlation_id": "c-1", **PAGE}),
+    ("worker_failures_of_waits", {"tenants": ["t1"], "run_ids": ["run-1"], "ids": [UUID1]}),
     ("unreplayed_with_reason", {"reason": "malformed"}),
 ]
 CONSOLE_TABLES = BIG_TABLES | {"quarantine", "launches", "launch_audit"}

@@ -12,7 +12,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from matcher.admin.console import auth, pages
-from matcher.admin.console.render import HEADERS, BadRequest, html, stylesheet, url
+from matcher.admin.console.render import HEADERS, BadRequest, favicon, html, stylesheet, url
 from matcher.admin.console.session import Sessions
 from matcher.admin.state import AdminState
 from matcher.admin.throttle import FailureThrottle
@@ -49,9 +49,17 @@ def mount(app: FastAPI, state: AdminState, throttle: FailureThrottle) -> None:
     access = auth.Access(sessions, None if sessions.open else state.pool, throttle)
     css = stylesheet()
 
+    icon = favicon()
+
     @app.get("/console/static/console.css", include_in_schema=False)
     async def console_css() -> Response:
         return Response(css, media_type="text/css")
+
+    # The console's icon, also where browsers ask for one unbidden (an SVG either way).
+    @app.get("/console/static/favicon.svg", include_in_schema=False)
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def console_icon() -> Response:
+        return Response(icon, media_type="image/svg+xml")
 
     app.include_router(auth.routes(access))
     app.include_router(pages.routes(state, access))

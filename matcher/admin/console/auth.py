@@ -229,4 +229,10 @@ def routes(access: Access) -> APIRouter:
 
 
 def context(visitor: Visitor, **values: Any) -> dict[str, Any]:
-    return {"csrf": visitor.csrf, "signed_in": visitor.session is not None, **values}
+    # The navigation is shown only to whom the console let in (not on the sign-in page).
+    return {
+        "csrf": visitor.csrf,
+        "signed_in": visitor.session is not None,
+        "navigation": True,
+        **values,
+    }

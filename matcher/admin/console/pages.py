@@ -19,7 +19,7 @@ from matcher.admin.console.auth import (
 from matcher.admin.console.preview import headers, show
 from matcher.admin.console.render import BadRequest, choice, html, ident, pager, paging
 from matcher.admin.console.replaying import replay_records
-from matcher.admin.console.timeline import timeline
+from matcher.admin.console.timeline import related, timeline
 from matcher.admin.explain import explain_run
 from matcher.admin.state import AdminState
 from matcher.domain.events import BIGINT_MAX, REASONS
@@ -135,7 +135,9 @@ async def _runs(state: AdminState, visitor: Visitor, request: Request) -> Respon
         try:
             async with state.pool.connection() as conn:
                 waits = await store.waits_page(conn, _wait_query(filters, limit, offset))
-            shown, more = [(w, None) for w in waits[:limit]], len(waits) > limit
+            found = await verdicts.of_waits(state.settings, state.pool, waits[:limit])
+            shown = [(w, found[w.id].value) for w in waits[:limit]]
+            more = len(waits) > limit
         except store.NeedsKey:
             notice = "Resolved waits are listed by run id, correlation id or external job id."
     return _page(
@@ -201,6 +203,7 @@ async def _run(state: AdminState, visitor: Visitor, run_id: str, tenant: str | N
         waits=waits,
         current=facts.wait,
         timeline=timeline(facts, record),
+        related=related(facts),
         explanation=explanation,
         record=record,
     )
@@ -227,12 +230,15 @@ async def _events(state: AdminState, visitor: Visitor, request: Request) -> Resp
 
 async def _quarantine(state: AdminState, visitor: Visitor, request: Request) -> Response:
     params = request.query_params
-    reason = choice(params, "reason", list(REASONS))
-    producer = ident(params, "producer")
+    filters = {
+        "reason": choice(params, "reason", list(REASONS)),
+        "producer": ident(params, "producer"),
+        "correlation_id": ident(params, "correlation_id"),
+    }
     limit, offset = paging(params)
     async with state.pool.connection() as conn:
-        rows = await store.quarantine_page(conn, reason, producer, limit + 1, offset)
-    filters = {"reason": reason, "producer": producer}
+        query = store.QuarantineQuery(**filters, limit=limit + 1, offset=offset)
+        rows = await store.quarantine_page(conn, query)
     previews = [
         (row.record, headers(row.headers), show(row.value_preview, row.value_size))
         for row in rows[:limit]

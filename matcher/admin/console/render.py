@@ -105,6 +105,10 @@ def stylesheet() -> bytes:
     return files("matcher.admin.console").joinpath("static/console.css").read_bytes()
 
 
+def favicon() -> bytes:
+    return files("matcher.admin.console").joinpath("static/favicon.svg").read_bytes()
+
+
 def ident(params: Any, name: str) -> str | None:
     """An identifier filter: absent or empty is None; bounded, never NUL."""
     value = params.get(name)

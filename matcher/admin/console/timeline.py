@@ -1,11 +1,13 @@
 """A wait's timeline: registered, every related event and quarantined record with what
-became of it, the resolution, the resume, and the run advancing (pure)."""
+became of it, the resolution, the resume, and the run advancing; and the links to the
+records the wait's key brought (pure)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
 
+from matcher.admin.console.render import url
 from matcher.domain.events import QuarantinedRecord, StoredEvent
 from matcher.domain.explain import ExplainFacts
 from matcher.domain.waits import Wait
@@ -23,6 +25,16 @@ class Entry:
     where: str = ""  # Kafka topic/partition/offset
     producer: str = ""
     event_id: str = ""
+    href: str = ""  # where the record it speaks of is shown
+
+
+@dataclass(frozen=True)
+class Related:
+    """A record the wait's key brought, linked to where the console shows it."""
+
+    kind: str  # "event", "quarantined"
+    text: str
+    href: str
 
 
 def _where(topic: str | None, partition: int | None, offset: int | None) -> str:
@@ -59,7 +71,37 @@ def _quarantined(q: QuarantinedRecord) -> Entry:
     if q.replayed_at is not None:
         text += f" (replayed: {q.replay_result})"
     where = _where(q.kafka_topic, q.kafka_partition, q.kafka_offset)
-    return Entry(q.received_at, what, text, where, q.producer or "", q.event_id or "")
+    return Entry(
+        q.received_at, what, text, where, q.producer or "", q.event_id or "", _record_link(q)
+    )
+
+
+def _record_link(q: QuarantinedRecord) -> str:
+    """The quarantine page filtered to the record's correlation id, the record targeted
+    (highlighted)."""
+    return url("/console/quarantine", correlation_id=q.correlation_id) + f"#q-{q.id}"
+
+
+def related(facts: ExplainFacts) -> list[Related]:
+    """The stored events and quarantined records of the wait's correlation id, each with
+    a link to its page: the records explain's reasons speak of ("quarantined (#10, ...)")."""
+    found: list[Related] = []
+    if facts.events:
+        count = len(facts.events)
+        found.append(
+            Related(
+                "event",
+                f"{count} stored event{'s' if count != 1 else ''} with correlation id "
+                f"{facts.wait.correlation_id}",
+                url("/console/events", correlation_id=facts.wait.correlation_id),
+            )
+        )
+    for q in facts.quarantined:
+        text = f"quarantined #{q.id} ({q.reason})"
+        if q.replayed_at is not None:
+            text += f", replayed: {q.replay_result}"
+        found.append(Related("quarantined", text, _record_link(q)))
+    return found
 
 
 def _resolution(wait: Wait) -> list[Entry]:

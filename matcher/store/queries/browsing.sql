@@ -162,8 +162,8 @@ ORDER BY received_at DESC
 LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: quarantine_page
--- Quarantined records, newest first (quarantine_by_reason, or the primary key), with at
--- most 2 KiB of each raw value: the console previews it, escaped.
+-- Quarantined records, newest first (quarantine_by_reason, quarantine_by_correlation, or
+-- the primary key), with at most 2 KiB of each raw value: the console previews it, escaped.
 SELECT id, received_at, kafka_topic, kafka_partition, kafka_offset, reason, detail,
        producer, event_id, tenant, type, correlation_id, replayed_at, replay_result,
        headers, substring(raw_value FROM 1 FOR 2048) AS value_preview,
@@ -171,6 +171,7 @@ SELECT id, received_at, kafka_topic, kafka_partition, kafka_offset, reason, deta
 FROM matcher.quarantine
 WHERE (%(reason)s::text IS NULL OR reason = %(reason)s)
   AND (%(producer)s::text IS NULL OR producer = %(producer)s)
+  AND (%(correlation_id)s::text IS NULL OR correlation_id = %(correlation_id)s)
 ORDER BY id DESC
 LIMIT %(limit)s OFFSET %(offset)s;
 
@@ -182,6 +183,15 @@ WHERE replayed_at IS NULL AND reason = %(reason)s;
 
 -- name: clock
 SELECT now() AS now;
+
+-- name: worker_failures_of_waits
+-- Which of these waits' resumes a worker's handler failed on, parked or not
+-- (worker_failures_by_run, then the wait ids).
+SELECT wait_id, bool_or(parked_at IS NOT NULL) AS parked
+FROM matcher.worker_failures
+WHERE (tenant, run_id) IN (SELECT * FROM unnest(%(tenants)s::text[], %(run_ids)s::text[]))
+  AND wait_id = ANY (%(ids)s::uuid[])
+GROUP BY wait_id;
 
 -- name: waits_with_worker_failures
 -- Waits whose resume a worker's handler failed on: parked, or still being tried
