@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -50,9 +51,18 @@ log = logging.getLogger("matcher.ingress")
 
 # A body's first second is not held to the minimum rate (a connection's slow start).
 _RATE_GRACE_S = 1.0
-# A refusal's answer carries its detail up to this many characters: what the sender must
-# change (which field, which form), in matcher's words and the sender's own values.
+# A webhook refusal's answer carries its detail (up to this many characters) for these
+# reasons: matcher's own words and numbers, the producer's mapping, or what a sender whose
+# signature was verified sent itself (the mapped type or tenant). Not for a reason whose
+# detail may quote what an unauthenticated sender sent (malformed, ambiguous), nor one
+# holding markup: an answer must never reflect a request.
+_ANSWERED_DETAIL = frozenset(
+    {"bad_signature", "expired_timestamp", "too_large", "limit_exceeded", "timeout",
+     "unsupported_media_type", "unmappable", "type_not_allowed", "tenant_not_allowed",
+     "schema_invalid", "overloaded", "kafka_unavailable"}
+)  # fmt: skip
 _MAX_ANSWERED_DETAIL = 300
+_MARKUP = re.compile(r"[<>&`]")
 _RETRY_AFTER_S = {
     "overloaded": "1",
     "kafka_unavailable": "5",
@@ -405,11 +415,12 @@ def _answer(
     headers = dict(_SAFE_HEADERS)
     if refused.reason in _RETRY_AFTER_S:
         headers["Retry-After"] = _RETRY_AFTER_S[refused.reason]
-    return JSONResponse(
-        {"reason": refused.reason, "detail": refused.detail[:_MAX_ANSWERED_DETAIL]},
-        status_code=status,
-        headers=headers,
-    )
+    answer = {"reason": refused.reason}
+    if via == "webhook" and refused.reason in _ANSWERED_DETAIL:
+        detail = refused.detail[:_MAX_ANSWERED_DETAIL]
+        if not _MARKUP.search(detail):
+            answer["detail"] = detail
+    return JSONResponse(answer, status_code=status, headers=headers)
 
 
 def _logged(refused: Refusal) -> str:

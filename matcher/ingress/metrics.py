@@ -146,8 +146,11 @@ def initialise_producer_series(producers: Iterable[Producer]) -> None:
     outcomes. A producer removed from the file keeps its series (what it counted stays
     readable) until the process restarts.
 
-    A producer's drop rules belong here too: ``DROPPED`` by producer and rule name.
+    So are a plain-webhook producer's drop rules (``DROPPED`` by producer and rule name,
+    GitHub's built-in ping among them).
     """
     for producer in producers:
         for outcome in PRODUCER_OUTCOMES:
             REQUESTS.labels(producer.source, outcome)
+        for rule in producer.webhook.drop if producer.webhook is not None else ():
+            DROPPED.labels(producer.source, rule.name)

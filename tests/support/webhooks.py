@@ -14,15 +14,14 @@ import json
 import time
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import unquote_to_bytes
 
 import standardwebhooks
 import stripe
 from cloudevents.core.bindings.http import to_binary, to_structured
 from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
-from matcher_producer.event import KafkaRecord
-from matcher_producer.signing import SigningKey, sign_record
+from matcher_producer.http import sign_http
+from matcher_producer.signing import SigningKey
 from svix.webhooks import Webhook as SvixWebhook
 
 Headers = list[tuple[bytes, bytes]]
@@ -181,18 +180,9 @@ def cloudevent_request(
         data={"status": "succeeded"},
     )  # fmt: skip
     message = (to_structured if structured else to_binary)(event, JSONFormat())
-    headers = [(name.lower().encode(), value.encode()) for name, value in message.headers.items()]
-    if structured:
-        return headers + standard_request(message.body, event_id)[1:], message.body
-    kafka_headers = [
-        ("ce_" + name[3:].decode() if name.startswith(b"ce-") else name.decode(),
-         unquote_to_bytes(value) if name.startswith(b"ce-") else value)
-        for name, value in headers
-    ]  # fmt: skip
-    signed = sign_record(
-        KafkaRecord(b"", kafka_headers, message.body),
-        event_id,
-        [SigningKey.parse("k1", STANDARD_SECRET)],
+    # Signed by the producer SDK's helper over what the CloudEvents SDK wrote: binary
+    # mode's ce- values percent-decoded, as the ingress reads them.
+    signed = sign_http(
+        message.headers.items(), message.body, [SigningKey.parse("k1", STANDARD_SECRET)]
     )
-    webhook = [(n.encode(), v) for n, v in signed.headers if n.startswith("webhook-")]
-    return headers + webhook, message.body
+    return [(n.encode(), v.encode()) for n, v in signed], message.body

@@ -394,3 +394,24 @@ def test_a_time_template_that_can_never_be_a_time_is_refused_at_load(template: s
     assert text != senders.PRODUCERS_TOML
     with pytest.raises(RegistryError, match=r"mapping\.time"):
         parse_registry(text, Path("."))
+
+
+@pytest.mark.parametrize("structured", [False, True])
+def test_a_cloudevent_over_http_signed_by_the_sdk_helper_is_accepted_and_tamper_evident(
+    registry: Registry, structured: bool
+) -> None:
+    """The producer SDK's sign_http over what the CloudEvents SDK writes (binary mode: its
+    ce- headers percent-encoded) verifies at the ingress; a changed attribute does not."""
+    headers, body = senders.cloudevent_request("job é 7", "ce-9", structured=structured)
+    event = accepted(registry, record_of(registry, "ce-svc", headers, body))
+    assert (event.id, event.correlationid) == ("ce-9", "job é 7")
+    if structured:
+        tampered_body = body.replace(b"job \\u00e9 7", b"job-8").replace(
+            "job é 7".encode(), b"job-8"
+        )
+        assert tampered_body != body
+        tampered = record_of(registry, "ce-svc", headers, tampered_body)
+    else:
+        changed = [(n, b"job%20%C3%A9%208" if n == b"ce-correlationid" else v) for n, v in headers]
+        tampered = record_of(registry, "ce-svc", changed, body)
+    assert reason(registry, tampered) == "bad_signature"

@@ -1,6 +1,7 @@
 """Build, sign and publish completion events for matcher."""
 
 from matcher_producer.event import CompletionEvent, KafkaRecord, encode
+from matcher_producer.http import sign_http
 from matcher_producer.publisher import EventPublisher
 from matcher_producer.signing import SigningKey, binary_content, sign_record
 
@@ -11,5 +12,6 @@ __all__ = [
     "SigningKey",
     "binary_content",
     "encode",
+    "sign_http",
     "sign_record",
 ]
