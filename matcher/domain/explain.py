@@ -381,7 +381,7 @@ def _refused(facts: ExplainFacts, found: _Findings) -> list[dict[str, Any]]:
     """The ingress's refusals claiming this correlation id: a hint, as a quarantine row is;
     only those whose claimed tenant is this wait's, or unread."""
     mismatches: list[dict[str, Any]] = []
-    for r in _refusals_for_the_wait(facts):
+    for r in refusals_for_the_wait(facts):
         words = _QUARANTINE_WORDS.get(r.reason, r.reason).format(
             p=quoted(r.producer), t=quoted(r.claimed_tenant), y=quoted(r.claimed_type)
         )
@@ -395,7 +395,9 @@ def _refused(facts: ExplainFacts, found: _Findings) -> list[dict[str, Any]]:
     return mismatches
 
 
-def _refusals_for_the_wait(facts: ExplainFacts) -> list[RefusedDelivery]:
+def refusals_for_the_wait(facts: ExplainFacts) -> list[RefusedDelivery]:
+    """The refusals that claimed this wait's correlation id and its tenant, or no tenant
+    (one claiming another tenant is that tenant's business)."""
     return [r for r in facts.refused if r.claimed_tenant in (None, facts.wait.tenant)]
 
 
@@ -447,7 +449,7 @@ def _lag_on_key_partitions(facts: ExplainFacts, found: _Findings) -> None:
 
 def _arrivals(facts: ExplainFacts, late: list[StoredEvent], found: _Findings) -> None:
     related = [e for e in facts.events if e not in late]
-    if not facts.events and not facts.quarantined and not _refusals_for_the_wait(facts):
+    if not facts.events and not facts.quarantined and not refusals_for_the_wait(facts):
         ids = sorted(
             {facts.wait.correlation_id, *(c.correlation_id for c in facts.wait.conditions or ())}
         )

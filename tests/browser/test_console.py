@@ -45,6 +45,12 @@ K1 = "whsec_" + base64.b64encode(b"console-key-one-0123456789abcdef").decode()
 K2 = "whsec_" + base64.b64encode(b"console-key-two-0123456789abcdef").decode()
 XSS_SCRIPT = "<script>alert(1)</script>"
 XSS_IMG = '"><img src=x onerror=alert(2)>'
+REFUSAL = (
+    '[{"via": "webhook", "producer": "billing-svc", "reason": "bad_signature", '
+    '"detail": "no signature matches an active key of the producer", "http_status": 401, '
+    '"event_id": "evt-9", "type": "job.completed", "tenant": "acme", '
+    '"correlation_id": "c-refused"}]'
+)
 # GitHub-sized bodies: 50 events of about 15 KB of JSON each, on one correlation id.
 BIG_EVENTS = 50
 BIG_DATA = {
@@ -128,8 +134,12 @@ async def _hold_open(settings: Settings, record: Any) -> AIOKafkaProducer:
 def _scenario(settings: Settings) -> None:
     for run_id, correlation in [("r-mismatch", "c-mismatch"), ("r-backlog", "c-backlog"),
                                 ("r-xss", "c-xss"), ("r-replay", "c-replay"),
-                                ("r-quarantined", "c-quarantined")]:  # fmt: skip
+                                ("r-quarantined", "c-quarantined"),
+                                ("r-refused", "c-refused")]:  # fmt: skip
         _register(settings, run_id, correlation)
+    # A delivery the ingress refused, as it records one (tests/integration/test_refusals.py
+    # drives the ingress itself): the run's only trace.
+    scalar(settings, "SELECT matcher.record_refusals_v1(%s::jsonb)", (REFUSAL,))
     _Loop.shared.run(
         _send(
             settings,
@@ -494,6 +504,21 @@ def test_signed_out_pages_have_no_navigation_and_there_is_a_favicon(
     assert page.request.get(f"{console.url}/favicon.ico").status == 200
 
 
+def test_a_run_links_to_the_delivery_the_ingress_refused(page: Page, console: Console) -> None:
+    _sign_in(page, console)
+    page.goto(f"{console.url}/console/runs/r-refused")
+    assert "refused by the ingress" in page.locator("#verdict").inner_text()
+    link = page.locator("#related a", has_text="bad_signature")
+    assert link.count() == 1
+    link.click()
+    page.wait_for_url("**/console/refusals?correlation_id=c-refused*")
+    rows = page.locator("main table tbody tr")
+    assert rows.count() == 1
+    assert "whsec wrong secret" not in rows.first.inner_text()
+    assert "correlation id: c-refused" in rows.first.inner_text()
+    assert page.locator("tr:target").count() == 1
+
+
 # The console's pages, by the name of their screenshot.
 PAGES = {
     "overview": "/console",
@@ -502,6 +527,8 @@ PAGES = {
     "run-quarantined": "/console/runs/r-quarantined",
     "events": "/console/events",
     "quarantine": "/console/quarantine",
+    "run-refused": "/console/runs/r-refused",
+    "refusals": "/console/refusals",
 }
 SERIOUS = ("serious", "critical")
 

@@ -22,11 +22,12 @@ from matcher.admin.console.replaying import replay_records
 from matcher.admin.console.timeline import related, timeline
 from matcher.admin.explain import explain_run
 from matcher.admin.state import AdminState
-from matcher.domain.events import BIGINT_MAX, REASONS
+from matcher.domain.events import BIGINT_MAX, REASONS, RefusedDelivery
 from matcher.domain.explain import Verdict
 from matcher.domain.waits import Wait, WaitState
 from matcher.store import browsing as store
 from matcher.store.explain import gather
+from matcher.store.views import view_rows_async
 
 STATES = [s.value for s in WaitState]
 VERDICTS = [v.value for v in Verdict]
@@ -75,6 +76,11 @@ def routes(state: AdminState, access: Access) -> APIRouter:
     async def quarantine_page(request: Request) -> Response:
         visitor = await require(access, request)
         return await _quarantine(state, visitor, request)
+
+    @router.get("/console/refusals")
+    async def refusals_page(request: Request) -> Response:
+        visitor = await require(access, request)
+        return await _refusals(state, visitor, request)
 
     @router.post("/console/quarantine/replay")
     async def replay_page(request: Request) -> Response:
@@ -250,6 +256,27 @@ async def _quarantine(state: AdminState, visitor: Visitor, request: Request) -> 
         rows=previews,
         reasons=list(REASONS),
         pages=pager("/console/quarantine", filters, limit, offset, len(rows) > limit),
+    )
+
+
+async def _refusals(state: AdminState, visitor: Visitor, request: Request) -> Response:
+    params = request.query_params
+    filters = {
+        "reason": ident(params, "reason"),
+        "producer": ident(params, "producer"),
+        "correlation_id": ident(params, "correlation_id"),
+    }
+    limit, offset = paging(params)
+    async with state.pool.connection() as conn:
+        found = await view_rows_async(
+            conn, "refusals", {**filters, "limit": limit + 1, "offset": offset}
+        )
+    return _page(
+        visitor,
+        "refusals.html",
+        filters=filters,
+        rows=[RefusedDelivery.model_validate(r) for r in found[:limit]],
+        pages=pager("/console/refusals", filters, limit, offset, len(found) > limit),
     )
 
 

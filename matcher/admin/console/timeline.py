@@ -9,7 +9,7 @@ from datetime import datetime
 
 from matcher.admin.console.render import url
 from matcher.domain.events import QuarantinedRecord, StoredEvent
-from matcher.domain.explain import ExplainFacts
+from matcher.domain.explain import ExplainFacts, refusals_for_the_wait
 from matcher.domain.waits import Wait
 from matcher.logs import quoted
 from matcher.store.browsing import RunRecord
@@ -32,7 +32,7 @@ class Entry:
 class Related:
     """A record the wait's key brought, linked to where the console shows it."""
 
-    kind: str  # "event", "quarantined"
+    kind: str  # "event", "quarantined", "refused"
     text: str
     href: str
 
@@ -101,6 +101,12 @@ def related(facts: ExplainFacts) -> list[Related]:
         if q.replayed_at is not None:
             text += f", replayed: {q.replay_result}"
         found.append(Related("quarantined", text, _record_link(q)))
+    for r in refusals_for_the_wait(facts):
+        text = (
+            f"refused by the ingress #{r.id} ({r.reason}, HTTP {r.http_status}; unverified claim)"
+        )
+        href = url("/console/refusals", correlation_id=r.claimed_correlation_id) + f"#r-{r.id}"
+        found.append(Related("refused", text, href))
     return found
 
 
