@@ -284,10 +284,15 @@ def claim(record: RawRecord) -> Claim | Rejection:
 
 # Deep enough for any envelope's attributes; the refusal is decided already.
 _GUESS_MAX_DEPTH = 64
+_GUESS_MAX_BYTES = 64 * 1024
 
 
 def _guess_envelope(value: bytes, partial: _Partial) -> None:
-    """A refused record's top-level string attributes, if its value is a JSON object."""
+    """A refused record's top-level string attributes, if its value is a JSON object of at
+    most ``_GUESS_MAX_BYTES``: the parse of an unsigned value is bounded, as a refusal's
+    cost must be."""
+    if len(value) > _GUESS_MAX_BYTES:
+        return
     try:
         document = loads(value, max_depth=_GUESS_MAX_DEPTH)
     except JsonRefused:

@@ -132,10 +132,17 @@ class DropRuleSpec(BaseModel):
     )
     field: str = Field(description='A body pointer ("/action") or a signed header ("header:x").')
     in_: list[str] | None = Field(
-        default=None, alias="in", max_length=64, description="Drop when the value is one of these."
+        default=None,
+        alias="in",
+        min_length=1,
+        max_length=64,
+        description="Drop when the value is one of these.",
     )
     not_in: list[str] | None = Field(
-        default=None, max_length=64, description="Drop when the value is none of these."
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="Drop when the value is none of these (an empty list would drop all).",
     )
     present: bool | None = Field(
         default=None, description="Drop when the field is there (true) or absent (false)."

@@ -76,7 +76,8 @@ DEFAULT_ID: dict[Scheme, str | None] = {
 MAPPED = ("id", "type", "tenant", "correlationid", "jobid", "time")
 
 _UNIX_SECONDS = re.compile(rb"[0-9]{1,12}")
-_UNIX_SECONDS_TEXT = re.compile(r"[0-9]{1,12}")
+_UNIX_SECONDS_TEXT = re.compile(r"[1-9][0-9]{9,11}")
+_LAST_SECOND = 253402300799  # 9999-12-31T23:59:59Z
 _RFC3339_ALPHABET = frozenset("0123456789-:.+TtZz")
 _HEX_SHA256 = re.compile(rb"[0-9a-fA-F]{64}")
 
@@ -200,16 +201,32 @@ def _refuse(where: str, value: Any) -> str:
 
 
 def unix_seconds_time(value: str) -> str | None:
-    """``value`` as an RFC 3339 time when it is Unix seconds (1-12 digits), else None.
+    """``value`` as an RFC 3339 time when it is Unix seconds, else None.
 
-    Unmappable when the digits are past what a time can hold (year 9999)."""
+    Unix seconds are 10 to 12 digits without a leading zero: from 2001-09-09 to the year
+    9999. Fewer digits are refused rather than read as a time in the 1970s: a year
+    ("2024") or a compact date ("20251207") is far likelier than a job that ended then."""
     if not _UNIX_SECONDS_TEXT.fullmatch(value):
         return None
-    try:
-        when = datetime.fromtimestamp(int(value), UTC)
-    except (OverflowError, ValueError, OSError):
-        raise Unmappable(f"time: {value} Unix seconds is past year 9999") from None
-    return when.isoformat().replace("+00:00", "Z")
+    seconds = int(value)
+    if seconds > _LAST_SECOND:
+        raise Unmappable(f"time: {value} Unix seconds is past the year 9999")
+    return datetime.fromtimestamp(seconds, UTC).isoformat().replace("+00:00", "Z")
+
+
+def mapped_time(value: str) -> str:
+    """A mapped ``time``: RFC 3339 as it is, Unix seconds written as RFC 3339; anything
+    else is Unmappable, saying which forms are read."""
+    converted = unix_seconds_time(value)
+    if converted is not None:
+        return converted
+    if parse_time(value) is None:
+        shown = "digits" if value.isdigit() else "a string"
+        raise Unmappable(
+            f"time: the value ({shown} of {len(value)} characters) is neither an RFC 3339 "
+            "date-time with an offset nor Unix seconds (10 to 12 digits, from 2001)"
+        )
+    return value
 
 
 def check_time_template(template: Template) -> None:
@@ -217,8 +234,10 @@ def check_time_template(template: Template) -> None:
     outside RFC 3339's alphabet, or a literal that is no time at all."""
     literal = "".join(p for p in template.parts if isinstance(p, str))
     if len(template.parts) == 1 and isinstance(template.parts[0], str):
-        if unix_seconds_time(literal) is None and parse_time(literal) is None:
-            raise TemplateError(f"{literal!r} is not an RFC 3339 time or Unix seconds")
+        try:
+            mapped_time(literal)
+        except Unmappable as exc:
+            raise TemplateError(str(exc).removeprefix("time: ")) from None
         return
     stray = sorted(set(literal) - _RFC3339_ALPHABET)
     if stray:
@@ -247,7 +266,7 @@ class WebhookMapping:
             if not value:
                 raise Unmappable(f"{name} is empty")
             if name == "time":
-                value = unix_seconds_time(value) or value
+                value = mapped_time(value)
             attributes[name] = value
         return attributes
 

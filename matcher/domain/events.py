@@ -182,6 +182,7 @@ class RefusedDelivery(BaseModel):
     claimed_type: str | None
     claimed_tenant: str | None
     claimed_correlation_id: str | None
+    kind_count: int = 1  # in explain: how many refusals of this producer and reason there are
 
 
 # Every reason a record is quarantined for, with what it means (the docs and the schemas

@@ -282,11 +282,8 @@ def _rematch_pending(facts: ExplainFacts, found: _Findings) -> None:
 
 
 def _mismatches(facts: ExplainFacts, found: _Findings) -> None:
-    mismatches = [
-        *_event_mismatches(facts, found),
-        *_quarantined(facts, found),
-        *_refused(facts, found),
-    ]
+    mismatches = [*_event_mismatches(facts, found), *_quarantined(facts, found)]
+    _refused(facts, found)
     if mismatches:
         found.evidence["mismatches"] = mismatches
         found.verdicts.append(Verdict.MISMATCH)
@@ -377,22 +374,29 @@ def _quarantined(facts: ExplainFacts, found: _Findings) -> list[dict[str, Any]]:
     return mismatches
 
 
-def _refused(facts: ExplainFacts, found: _Findings) -> list[dict[str, Any]]:
-    """The ingress's refusals claiming this correlation id: a hint, as a quarantine row is;
-    only those whose claimed tenant is this wait's, or unread."""
-    mismatches: list[dict[str, Any]] = []
-    for r in refusals_for_the_wait(facts):
-        words = _QUARANTINE_WORDS.get(r.reason, r.reason).format(
-            p=quoted(r.producer), t=quoted(r.claimed_tenant), y=quoted(r.claimed_type)
-        )
-        found.add(
-            None,
-            f"a {r.via} delivery claiming this correlation id was refused by the ingress "
-            f"(refusal #{r.id}, {r.reason}, HTTP {r.http_status}, at "
-            f"{rfc3339(r.received_at)}): {words}; {r.detail}",
-        )
-        mismatches.append({**_refusal(r), "differs": r.reason})
-    return mismatches
+def _refused(facts: ExplainFacts, found: _Findings) -> None:
+    """The ingress's refusals claiming this correlation id: reasons and evidence, never a
+    verdict. What they claim is unverified (anyone can post a bad signature with a body
+    naming any correlation id), so they can only say why nothing has arrived."""
+    refused = refusals_for_the_wait(facts)
+    if not refused:
+        return
+    found.evidence["refusals"] = [_refusal(r) for r in refused]
+    if facts.events or facts.quarantined:
+        for r in refused:
+            found.add(None, _refusal_words(r))
+
+
+def _refusal_words(r: RefusedDelivery) -> str:
+    words = _QUARANTINE_WORDS.get(r.reason, r.reason).format(
+        p=quoted(r.producer), t=quoted(r.claimed_tenant), y=quoted(r.claimed_type)
+    )
+    more = f" ({r.kind_count} such refusals)" if r.kind_count > 1 else ""
+    return (
+        f"a {r.via} delivery claiming this correlation id was refused by the ingress "
+        f"(refusal #{r.id}, {r.reason}, HTTP {r.http_status}, at {rfc3339(r.received_at)})"
+        f"{more}: {words}; {r.detail} (unverified)"
+    )
 
 
 def refusals_for_the_wait(facts: ExplainFacts) -> list[RefusedDelivery]:
@@ -412,6 +416,7 @@ def _refusal(r: RefusedDelivery) -> dict[str, Any]:
         "type": r.claimed_type,
         "received_at": r.received_at,
         "http_status": r.http_status,
+        "kind_count": r.kind_count,
         "verified": False,
     }
 
@@ -449,14 +454,18 @@ def _lag_on_key_partitions(facts: ExplainFacts, found: _Findings) -> None:
 
 def _arrivals(facts: ExplainFacts, late: list[StoredEvent], found: _Findings) -> None:
     related = [e for e in facts.events if e not in late]
-    if not facts.events and not facts.quarantined and not refusals_for_the_wait(facts):
+    if not facts.events and not facts.quarantined:
         ids = sorted(
             {facts.wait.correlation_id, *(c.correlation_id for c in facts.wait.conditions or ())}
         )
+        refused = refusals_for_the_wait(facts)
         found.add(
             Verdict.MISSING_SIGNAL,
-            f"nothing with correlation id {' or '.join(quoted(i) for i in ids)} has arrived",
+            f"nothing with correlation id {' or '.join(quoted(i) for i in ids)} has arrived"
+            + (": only deliveries the ingress refused claimed it" if refused else ""),
         )
+        for r in refused:  # why nothing has: the hint, and the verdict stays
+            found.add(None, _refusal_words(r))
     elif related:
         found.evidence["related_events"] = [_event(e) for e in related]
 

@@ -43,7 +43,7 @@ from matcher.ingress.metrics import (
     REQUESTS,
     UNKNOWN_PRODUCER,
 )
-from matcher.ingress.refusals import Claims, RefusalRecorder
+from matcher.ingress.refusals import CLAIMS_MAX_BODY_BYTES, Claims, RefusalRecorder
 from matcher.ingress.requests import Refusal, claims_of, refusal, to_record
 from matcher.store.callbacks import CallbackAnswer, CallbackBusy, CallbackTypeRefused
 
@@ -58,8 +58,8 @@ _RATE_GRACE_S = 1.0
 # holding markup: an answer must never reflect a request.
 _ANSWERED_DETAIL = frozenset(
     {"bad_signature", "expired_timestamp", "too_large", "limit_exceeded", "timeout",
-     "unsupported_media_type", "unmappable", "type_not_allowed", "tenant_not_allowed",
-     "schema_invalid", "overloaded", "kafka_unavailable"}
+     "unmappable", "type_not_allowed", "tenant_not_allowed", "schema_invalid", "overloaded",
+     "kafka_unavailable"}
 )  # fmt: skip
 _MAX_ANSWERED_DETAIL = 300
 _MARKUP = re.compile(r"[<>&`]")
@@ -231,8 +231,11 @@ async def _judge_and_forward(
     given = list(request.scope["headers"])
     record = to_record(producer, given, body, datetime.now(UTC))
 
+    # A claim is read from a small body only: a bounded parse, and a bounded queue's memory.
+    small = body if len(body) <= CLAIMS_MAX_BODY_BYTES else b""
+
     def claims(refused: Refusal) -> Claims:
-        return lambda: claims_of(producer, refused, given, body)
+        return lambda: claims_of(producer, refused, given, small)
 
     if isinstance(record, Refusal):
         return _answer(state, producer.source, record, claims=claims(record))
@@ -407,16 +410,19 @@ def _answer(
         extra["callback"] = label
     via = "callback" if producer == CALLBACK_PRODUCER else "webhook"
     log.info(f"{via} refused", extra=extra)
+    told = refused.told or refused.detail
     if state.refusals is not None:
         state.refusals.offer(
-            via, producer, refused.reason, refused.detail, status,
+            via, producer, refused.reason, told, status,
             claims or (lambda: claims_of(None, refused, [], b"")),
         )  # fmt: skip
     headers = dict(_SAFE_HEADERS)
     if refused.reason in _RETRY_AFTER_S:
         headers["Retry-After"] = _RETRY_AFTER_S[refused.reason]
     answer = {"reason": refused.reason}
-    if via == "webhook" and refused.reason in _ANSWERED_DETAIL:
+    if refused.told is not None:
+        answer["detail"] = refused.told
+    elif via == "webhook" and refused.reason in _ANSWERED_DETAIL:
         detail = refused.detail[:_MAX_ANSWERED_DETAIL]
         if not _MARKUP.search(detail):
             answer["detail"] = detail

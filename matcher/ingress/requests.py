@@ -104,6 +104,9 @@ class Refusal:
     reason: str
     detail: str
     seen: dict[str, str] = field(default_factory=dict)  # the gate's reading, unverified
+    # What the answer and the refusal record say instead of the detail, when the detail
+    # quotes what an unauthenticated sender sent.
+    told: str | None = None
 
     @property
     def status(self) -> int:
@@ -205,14 +208,16 @@ def _content_type(producer: Producer, headers: list[tuple[bytes, bytes]]) -> str
             "content-type is missing" if not given else "content-type appears twice",
         )
     kind = media_type(given[0])
+    accepted = "the body must be JSON: content-type application/json" + (
+        " or application/cloudevents+json" if producer.webhook is None else ""
+    )
     if isinstance(kind, Rejection):
-        return Refusal("unsupported_media_type", kind.detail)
+        return Refusal("unsupported_media_type", kind.detail, told=accepted)
     if is_json_media_type(kind) or (producer.webhook is None and kind == STRUCTURED_MEDIA_TYPE):
         return kind
-    hint = " (GitHub: set the webhook's content type to application/json)" * (
-        kind == "application/x-www-form-urlencoded"
-    )
-    return Refusal("unsupported_media_type", f"{kind} is not accepted{hint}")
+    if kind == "application/x-www-form-urlencoded":
+        accepted += " (GitHub: set the webhook's content type to application/json)"
+    return Refusal("unsupported_media_type", f"{kind} is not accepted", told=accepted)
 
 
 def _forwarded_header(name: bytes, value: bytes, *, cloudevents: bool) -> Header | Refusal | None:

@@ -54,7 +54,8 @@ async def gather(
         await cur.execute(query("explain", "quarantine_by_correlation"), params)
         quarantined = [QuarantinedRecord.model_validate(row) for row in await cur.fetchall()]
         await cur.execute(
-            query("explain", "refusals_by_correlation"), {"correlation_ids": correlations}
+            query("explain", "refusals_by_correlation"),
+            {"correlation_ids": correlations, "tenant": wait.tenant},
         )
         refused = [RefusedDelivery.model_validate(row) for row in await cur.fetchall()]
         await cur.execute(query("explain", "outbox_of_wait"), {"wait_id": wait.id})

@@ -84,7 +84,7 @@ async def test_cloudevents_over_http_from_the_cloudevents_sdk(
         if structured:
             assert refused == {
                 "reason": "unsupported_media_type",
-                "detail": "application/cloudevents+json is not accepted",
+                "detail": "the body must be JSON: content-type application/json",
             }
         else:
             assert refused == {"reason": "ambiguous"}  # its detail would quote the request

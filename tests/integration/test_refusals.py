@@ -10,6 +10,7 @@ have), the CloudEvents SDK builds the Kafka record.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -75,13 +76,30 @@ async def test_a_run_whose_only_delivery_was_refused_is_explained_by_the_refusal
     )
     assert (record["claimed_type"], record["claimed_tenant"]) == ("batch.completed", "acme")
     explained = await _explain(webhooks_secure, run)
-    assert explained.verdict != Verdict.MISSING_SIGNAL
+    # Nothing verified arrived: the verdict stays; the reasons say what was refused.
+    assert explained.verdict == Verdict.MISSING_SIGNAL
     assert any(
         "refused by the ingress" in r and "bad_signature" in r and f"#{record['id']}" in r
         for r in explained.reasons
     ), explained.reasons
-    (mismatch,) = explained.evidence["mismatches"]
-    assert (mismatch["refusal_id"], mismatch["verified"]) == (record["id"], False)
+    (refused,) = explained.evidence["refusals"]
+    assert (refused["refusal_id"], refused["verified"]) == (record["id"], False)
+
+
+async def test_a_flood_claiming_another_tenant_does_not_hide_a_real_refusal(
+    webhooks_secure: Settings,
+) -> None:
+    run = wait_for(webhooks_secure, "acme", "batch.completed", "batch_abc")
+    real = {"via": "webhook", "producer": "openai", "reason": "bad_signature",
+            "detail": "the real one", "http_status": 401, "tenant": "acme",
+            "correlation_id": "batch_abc"}  # fmt: skip
+    forged = [{**real, "detail": "forged", "tenant": "globex"}] * 60
+    forged += [{**real, "detail": "forged", "reason": "unmappable"}] * 60  # no tenant read
+    for batch in ([real], forged):
+        rows(webhooks_secure, "SELECT matcher.record_refusals_v1(%s::jsonb)", (json.dumps(batch),))
+    explained = await _explain(webhooks_secure, run)
+    shown = {(r["reason"], r["detail"], r["kind_count"]) for r in explained.evidence["refusals"]}
+    assert shown == {("bad_signature", "the real one", 1), ("unmappable", "forged", 60)}
 
 
 def _listed(admin: str, correlation_id: str) -> list[dict[str, Any]]:

@@ -31,13 +31,21 @@ ORDER BY id
 LIMIT 200;
 
 -- name: refusals_by_correlation
--- Deliveries the ingress refused that claimed one of these correlation ids (unverified).
+-- Deliveries the ingress refused that claimed one of these correlation ids and this
+-- tenant, or none (unverified): the newest of each producer and reason, with how many
+-- there are, so that a flood of one kind cannot push another out of sight.
 SELECT id, received_at, via, producer, reason, detail, http_status, claimed_event_id,
-       claimed_type, claimed_tenant, claimed_correlation_id
-FROM matcher.refusals
-WHERE claimed_correlation_id = ANY (%(correlation_ids)s::text[])
+       claimed_type, claimed_tenant, claimed_correlation_id, kind_count
+FROM (
+    SELECT DISTINCT ON (producer, reason) *,
+           count(*) OVER (PARTITION BY producer, reason) AS kind_count
+    FROM matcher.refusals
+    WHERE claimed_correlation_id = ANY (%(correlation_ids)s::text[])
+      AND (claimed_tenant IS NULL OR claimed_tenant = %(tenant)s)
+    ORDER BY producer, reason, id DESC
+) AS newest
 ORDER BY id DESC
-LIMIT 50;
+LIMIT 20;
 
 -- name: outbox_of_wait
 SELECT resolution_id, created_at, published_at FROM matcher.outbox WHERE wait_id = %(wait_id)s;

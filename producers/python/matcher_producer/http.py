@@ -47,7 +47,8 @@ def sign_http(
 
 
 def _is_webhook(name: str) -> bool:
-    return name.lower().startswith("webhook-")
+    """A signature header already there (either spelling): replaced, not kept beside."""
+    return name.lower().startswith(("webhook-", "svix-"))
 
 
 def _as_kafka_header(name: str, value: str) -> tuple[str, bytes]:
