@@ -180,7 +180,7 @@ def test_shared_config_reaches_the_ingress_and_its_own_config_wins(helm: str) ->
         ),
         (
             on(extraEnv=[{"name": "MATCHER_DATABASE_URL", "value": "postgresql://x"}]),
-            "the webhook ingress has no database access",
+            "give it a role of its own with webhooks.database.existingSecret",
         ),
         (
             on(drainTimeoutSeconds=30, terminationGracePeriodSeconds=35),
@@ -380,3 +380,34 @@ def test_the_service_monitor_scrapes_the_ingress_metrics(all_on_docs: list[Doc])
         "interval": "30s",
         "scrapeTimeout": "10s",
     }
+
+
+def test_the_ingress_may_have_a_database_role_of_its_own(helm: str) -> None:
+    """With webhooks.database.existingSecret the ingress records its refusals and serves
+    callback URLs, with that Secret's role and never the daemon's; the Kubernetes Ingress
+    then routes /v1/callbacks/ too."""
+    docs = render(
+        helm,
+        on(
+            database={"existingSecret": "matcher-ingress-db", "key": "uri"},
+            ingress={"enabled": True, "hosts": [{"host": "hooks.example.com"}]},
+        ),
+    )
+    env = secret_env(container(ingress_deployment(docs)))
+    assert env["MATCHER_DATABASE_URL"] == ("matcher-ingress-db", "uri")
+    daemon = secret_env(container(one(docs, "Deployment", "daemon")))
+    assert daemon["MATCHER_DATABASE_URL"] != env["MATCHER_DATABASE_URL"]
+    [rule] = one(docs, "Ingress", "webhooks")["spec"]["rules"]
+    assert [p["path"] for p in rule["http"]["paths"]] == ["/v1/webhooks/", "/v1/callbacks/"]
+    # Without it, callback paths stay refused.
+    refused = on(ingress={"enabled": True, "hosts": [{"paths": ["/v1/callbacks/"]}]})
+    assert "is not under /v1/webhooks/" in render_error(helm, refused)
+
+
+def test_the_ingress_never_gets_the_daemons_database_secret(helm: str) -> None:
+    daemons = render(helm, ON)
+    (name, _key) = secret_env(container(one(daemons, "Deployment", "daemon")))[
+        "MATCHER_DATABASE_URL"
+    ]
+    message = render_error(helm, on(database={"existingSecret": name}))
+    assert "is the daemon's database Secret" in message

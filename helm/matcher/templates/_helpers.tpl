@@ -344,7 +344,12 @@ to change, so a bad configuration fails at `helm install` rather than in a crash
 {{- end }}
 {{- range $w.extraEnv }}
 {{- if eq .name "MATCHER_DATABASE_URL" }}
-{{- fail "webhooks.extraEnv: MATCHER_DATABASE_URL: the webhook ingress has no database access, and gets no database credentials" }}
+{{- fail "webhooks.extraEnv: MATCHER_DATABASE_URL: the ingress gets the daemon's database credentials never; give it a role of its own with webhooks.database.existingSecret" }}
+{{- end }}
+{{- end }}
+{{- with $w.database.existingSecret }}
+{{- if eq . $.Values.database.url.existingSecret }}
+{{- fail "webhooks.database.existingSecret is the daemon's database Secret: the internet-facing ingress must have a role of its own, one that may only EXECUTE matcher.record_refusals_v1 and matcher.complete_callback_v1" }}
 {{- end }}
 {{- end }}
 {{- if and $w.autoscaling.enabled (gt (int $w.autoscaling.minReplicas) (int $w.autoscaling.maxReplicas)) }}
@@ -355,8 +360,8 @@ to change, so a bad configuration fails at `helm install` rather than in a crash
 {{- fail "webhooks.ingress.hosts is required with webhooks.ingress.enabled: the host names senders post to, e.g. [{host: hooks.example.com}]" }}
 {{- end }}
 {{- range $w.ingress.hosts }}
-{{- range (.paths | default (list "/v1/webhooks/")) }}
-{{- if or (not (hasPrefix "/v1/webhooks/" .)) (contains "/.." .) (contains "//" .) }}
+{{- range (.paths | default (include "matcher.webhooksPaths" $ | splitList " ")) }}
+{{- if or (not (or (hasPrefix "/v1/webhooks/" .) (and $w.database.existingSecret (hasPrefix "/v1/callbacks/" .)))) (contains "/.." .) (contains "//" .) }}
 {{- fail (printf "webhooks.ingress.hosts[].paths: %q is not under /v1/webhooks/: the Ingress exposes the webhook endpoint only, never /metrics or the health checks" .) }}
 {{- end }}
 {{- end }}
@@ -396,10 +401,18 @@ Secret-backed env vars, shared by the daemon and the migration Job.
 {{- end }}
 
 {{/*
-The ingress's Secret-backed env vars: the Kafka password when SASL is on, nothing else
-(no database URL, no admin token), then webhooks.extraEnv.
+The ingress's Secret-backed env vars: the Kafka password when SASL is on, the ingress's own
+database role when webhooks.database.existingSecret is set (never the daemon's URL, never
+the admin token), then webhooks.extraEnv.
 */}}
 {{- define "matcher.webhooksSecretEnv" -}}
+{{- with .Values.webhooks.database.existingSecret }}
+- name: MATCHER_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: {{ $.Values.webhooks.database.key }}
+{{- end }}
 {{- if include "matcher.saslEnabled" . }}
 {{- $sasl := splitList " " (include "matcher.saslSecret" .) }}
 - name: MATCHER_KAFKA_SASL_PASSWORD
@@ -467,4 +480,12 @@ Job add extraVolumes; the ingress gets the base ones only.
   mountPath: {{ .Values.kafka.tls.mountPath }}
   readOnly: true
 {{- end }}
+{{- end }}
+
+{{/*
+The paths the Kubernetes Ingress routes by default: the webhooks, and the callback URLs
+when the ingress has a database to complete them with.
+*/}}
+{{- define "matcher.webhooksPaths" -}}
+{{- if .Values.webhooks.database.existingSecret }}/v1/webhooks/ /v1/callbacks/{{ else }}/v1/webhooks/{{ end }}
 {{- end }}
