@@ -8,14 +8,14 @@ from typing import Annotated, Any
 import psycopg
 import typer
 
-from matcher.admin.filters import EventFilters, QuarantineFilters
+from matcher.admin.filters import EventFilters, QuarantineFilters, RefusalFilters
 from matcher.auth.gate import judge as gate_judge
 from matcher.auth.registry import Registry, RegistryError, load_registry
 from matcher.cli import listing
 from matcher.cli.app import sub_app
 from matcher.cli.output import EXIT_USAGE, JsonFlag, fail, one_line, print_json, say, when
 from matcher.cli.settings import parse_filters, settings_for
-from matcher.domain.events import BIGINT_MAX, QuarantinedRecord, StoredEvent
+from matcher.domain.events import BIGINT_MAX, QuarantinedRecord, RefusedDelivery, StoredEvent
 from matcher.domain.records import RawRecord
 from matcher.store.replay import replay
 
@@ -75,6 +75,35 @@ def quarantine_list(
     listing.show(
         QUARANTINE, QuarantineFilters, as_json, reason=reason, correlation_id=correlation,
         limit=limit, offset=offset,
+    )  # fmt: skip
+
+
+REFUSALS = listing.Listing(
+    "refusals",
+    RefusedDelivery,
+    ("id", "received", "producer", "reason", "http", "claimed tenant", "claimed correlation",
+     "detail"),
+    lambda r: (r.id, when(r.received_at), r.producer, r.reason, r.http_status,
+               r.claimed_tenant or "-", r.claimed_correlation_id or "-", r.detail),
+)  # fmt: skip
+
+
+@quarantine_app.command("refusals")
+def quarantine_refusals(
+    reason: Annotated[str | None, typer.Option(help="Only this reason code.")] = None,
+    producer: Annotated[str | None, typer.Option(help="Only this producer (the URL's).")] = None,
+    correlation: Annotated[
+        str | None, typer.Option(help="Only those claiming this correlation id (unverified).")
+    ] = None,
+    limit: Annotated[int, typer.Option(help="At most this many (1-1000), newest first.")] = 100,
+    offset: Annotated[int, typer.Option(help="Skip this many first.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.")] = False,
+) -> None:
+    """List deliveries the webhook ingress refused, newest first: the reason, the detail,
+    and what each claimed (never verified)."""
+    listing.show(
+        REFUSALS, RefusalFilters, as_json, reason=reason, producer=producer,
+        correlation_id=correlation, limit=limit, offset=offset,
     )  # fmt: skip
 
 

@@ -28,7 +28,7 @@ from tests.support.assertions import eventually
 from tests.support.db import rows
 from tests.support.ingress import metrics_text, post, running_ingress, wait_for
 from tests.support.kafka import produce_raw
-from tests.support.processes import DaemonProcess, process_env, running_daemon
+from tests.support.processes import DaemonProcess, process_env, run_cli, running_daemon
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -84,6 +84,11 @@ async def test_a_run_whose_only_delivery_was_refused_is_explained_by_the_refusal
     ), explained.reasons
     (refused,) = explained.evidence["refusals"]
     assert (refused["refusal_id"], refused["verified"]) == (record["id"], False)
+    listed = run_cli(
+        webhooks_secure, "quarantine", "refusals", "--correlation", "batch_refused", "--json"
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert [r["id"] for r in json.loads(listed.stdout)] == [record["id"]]
 
 
 async def test_a_flood_claiming_another_tenant_does_not_hide_a_real_refusal(
