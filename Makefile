@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed-stamp
 USE_ENV := if [ -z "$${MATCHER_KAFKA_BOOTSTRAP_SERVERS:-}" ] || [ -z "$${MATCHER_DATABASE_URL:-}" ]; then \
 	$(BIN)/matcher devstack up && eval "$$($(BIN)/matcher devstack env)"; fi
 
-.PHONY: help install lock reference up down status migrate run lint test test-quick test-fast test-tools chart-check docs docs-build campaign bench bench-quick screenshots schemas schema-sql clean
+.PHONY: help install ts-install lock reference up down status migrate run lint test test-quick test-fast test-tools chart-check docs docs-build campaign bench bench-quick screenshots schemas schema-sql clean
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -46,11 +46,22 @@ run: install ## Run the daemon in the foreground on the local stack; Ctrl-C stop
 	if [ -z "$${MATCHER_PRODUCERS_FILE:-}" ]; then export MATCHER_ALLOW_UNSIGNED=$${MATCHER_ALLOW_UNSIGNED:-true}; fi && \
 	exec $(BIN)/matcher run
 
-lint: install ## Lint, format check, strict type check, import contracts.
+# The TypeScript SDK's dependencies and tools, exactly as its lock file pins them.
+TS_SDK := sdks/typescript
+TS_INSTALLED := $(TS_SDK)/node_modules/.package-lock.json
+$(TS_INSTALLED): $(TS_SDK)/package.json $(TS_SDK)/package-lock.json
+	@command -v npm >/dev/null || { echo "the TypeScript SDK needs Node.js 20+ and npm (see the README)" >&2; exit 1; }
+	cd $(TS_SDK) && timeout 600 npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+ts-install: $(TS_INSTALLED) ## Install the TypeScript SDK's pinned dependencies (npm ci).
+
+lint: install $(TS_INSTALLED) ## Lint, format check, strict type check, import contracts; tsc and eslint for the TypeScript SDK.
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy matcher tests producers/python devstack/matcher_devstack examples bench
 	$(BIN)/lint-imports
+	cd $(TS_SDK) && npm run --silent lint
 
 # The pins every install uses (make install, CI): what `make test` passed with. `make lock`
 # renews them to the newest versions pyproject.toml's groups allow; run `make test`, and
@@ -109,6 +120,8 @@ campaign: install ## Long fuzz/crash/fault/race campaign (an hour or more; not p
 	  $(BIN)/pytest -q tests/integration/test_adversary.py -k daemon_was_down && \
 	MATCHER_TEST_CRASH_ITERATIONS=$(CRASH_ITERATIONS) $(BIN)/pytest -q tests/integration/test_crash.py && \
 	MATCHER_TEST_WORKER_CRASHES=$(WORKER_CRASHES) $(BIN)/pytest -q tests/integration/test_worker_crash.py && \
+	MATCHER_TEST_TS_WORKER_CRASHES=$(WORKER_CRASHES) MATCHER_TEST_TS_WORKER_RESUMES=1000 \
+	  $(BIN)/pytest -q tests/integration/test_typescript_sdk.py -k killed && \
 	MATCHER_TEST_LANGGRAPH_CRASHES=10 MATCHER_TEST_LANGGRAPH_THREADS=200 \
 	  $(BIN)/pytest -q tests/integration/test_langgraph_crash.py && \
 	MATCHER_TEST_RACE_ROUNDS=300 MATCHER_TEST_PAIRS=5000 $(BIN)/pytest -q tests/integration/test_concurrency.py && \
@@ -153,4 +166,4 @@ test-tools: install ## The tests that run helm and promtool (no services; builds
 	$(BIN)/pytest tests/tools
 
 clean: ## Remove the virtualenv and caches (the devstack's data stays; see `matcher devstack up --fresh`).
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis site
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis site $(TS_SDK)/node_modules $(TS_SDK)/dist
