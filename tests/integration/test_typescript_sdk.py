@@ -26,11 +26,13 @@ import pytest
 from matcher.config import Settings
 from tests.support.assertions import env_flag, eventually
 from tests.support.db import db, register_waits, rows, scalar
-from tests.support.kafka import produce
-from tests.support.processes import running_daemon
+from tests.support.ingress import wait_for
+from tests.support.kafka import produce, read_resumes
+from tests.support.processes import IngressProcess, running_daemon
 from tests.support.producers import K1
 from tests.support.records import event
 from tests.support.services import settings_env
+from tests.support.webhooks import STANDARD_SECRET
 from tests.support.worker import killed_at_its_point
 
 SDK = Path(__file__).resolve().parents[2] / "sdks" / "typescript"
@@ -181,3 +183,22 @@ def test_node_is_the_one_the_package_asks_for() -> None:
                              timeout=30).stdout  # fmt: skip
     assert int(version.lstrip("v").split(".")[0]) >= 20, version
     assert os.access(SDK / "package-lock.json", os.R_OK)
+
+
+@pytest.mark.timeout(600)
+async def test_the_typescript_producer_posts_to_the_webhook_ingress(
+    typescript_sdk: Path, webhooks_secure: Settings, ingress: IngressProcess
+) -> None:
+    """postEvent, binary and structured mode, through a real ingress to resumed runs."""
+    assert ingress.address is not None
+    runs = {
+        wait_for(webhooks_secure, "acme", "job.completed", "ts-http é 1"),
+        wait_for(webhooks_secure, "acme", "job.completed", "ts-http-2"),
+    }
+    async with running_daemon(webhooks_secure):
+        await _node_test(
+            webhooks_secure, "dist/test/integration/ingress.test.js", timeout=60,
+            MATCHER_TEST_INGRESS=ingress.address, MATCHER_TEST_SIGNING_KEY=STANDARD_SECRET,
+        )  # fmt: skip
+        resumes = await read_resumes(webhooks_secure, at_least=2)
+    assert {r.run_id for r in resumes} == runs
