@@ -30,6 +30,7 @@ from typing import Any
 from uuid import UUID
 
 from matcher.domain.events import QuarantinedRecord, RefusedDelivery, StoredEvent
+from matcher.domain.refusals import refusal_evidence, refusals_for_the_wait
 from matcher.domain.waits import Wait
 from matcher.logs import quoted
 
@@ -378,10 +379,10 @@ def _refused(facts: ExplainFacts, found: _Findings) -> None:
     """The ingress's refusals claiming this correlation id: reasons and evidence, never a
     verdict. What they claim is unverified (anyone can post a bad signature with a body
     naming any correlation id), so they can only say why nothing has arrived."""
-    refused = refusals_for_the_wait(facts)
+    refused = refusals_for_the_wait(facts.refused, facts.wait.tenant)
     if not refused:
         return
-    found.evidence["refusals"] = [_refusal(r) for r in refused]
+    found.evidence["refusals"] = [refusal_evidence(r) for r in refused]
     if facts.events or facts.quarantined:
         for r in refused:
             found.add(None, _refusal_words(r))
@@ -397,28 +398,6 @@ def _refusal_words(r: RefusedDelivery) -> str:
         f"(refusal #{r.id}, {r.reason}, HTTP {r.http_status}, at {rfc3339(r.received_at)})"
         f"{more}: {words}; {r.detail} (unverified)"
     )
-
-
-def refusals_for_the_wait(facts: ExplainFacts) -> list[RefusedDelivery]:
-    """The refusals that claimed this wait's correlation id and its tenant, or no tenant
-    (one claiming another tenant is that tenant's business)."""
-    return [r for r in facts.refused if r.claimed_tenant in (None, facts.wait.tenant)]
-
-
-def _refusal(r: RefusedDelivery) -> dict[str, Any]:
-    return {
-        "refusal_id": r.id,
-        "reason": r.reason,
-        "detail": r.detail,
-        "source": r.producer,
-        "id": r.claimed_event_id,
-        "tenant": r.claimed_tenant,
-        "type": r.claimed_type,
-        "received_at": r.received_at,
-        "http_status": r.http_status,
-        "kind_count": r.kind_count,
-        "verified": False,
-    }
 
 
 def _lag_on_key_partitions(facts: ExplainFacts, found: _Findings) -> None:
@@ -458,7 +437,7 @@ def _arrivals(facts: ExplainFacts, late: list[StoredEvent], found: _Findings) ->
         ids = sorted(
             {facts.wait.correlation_id, *(c.correlation_id for c in facts.wait.conditions or ())}
         )
-        refused = refusals_for_the_wait(facts)
+        refused = refusals_for_the_wait(facts.refused, facts.wait.tenant)
         found.add(
             Verdict.MISSING_SIGNAL,
             f"nothing with correlation id {' or '.join(quoted(i) for i in ids)} has arrived"

@@ -22,7 +22,7 @@ from tests.support.assertions import eventually
 from tests.support.db import rows
 from tests.support.ingress import metrics_text, post, wait_for
 from tests.support.kafka import read_resumes
-from tests.support.processes import IngressProcess, running_daemon
+from tests.support.processes import IngressProcess, installed_tool, running_daemon
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -33,13 +33,7 @@ RUNS = 150  # the mix an operator reported: 150 runs, so 150 completed and 300 o
 
 @pytest.fixture(scope="module")
 def promtool() -> str:
-    built = subprocess.run(
-        [str(ROOT / "scripts" / "install-promtool")],
-        capture_output=True, text=True, check=False, timeout=1200,
-    )  # fmt: skip
-    if built.returncode != 0:
-        pytest.fail(f"no promtool: {built.stderr.strip()}", pytrace=False)
-    return built.stdout.strip()
+    return installed_tool("install-promtool")
 
 
 def _github_run(address: str, run_id: int, secret: str = senders.GITHUB_SECRET) -> list[int]:

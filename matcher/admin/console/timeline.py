@@ -9,7 +9,8 @@ from datetime import datetime
 
 from matcher.admin.console.render import url
 from matcher.domain.events import QuarantinedRecord, StoredEvent
-from matcher.domain.explain import ExplainFacts, refusals_for_the_wait
+from matcher.domain.explain import ExplainFacts
+from matcher.domain.refusals import refusals_for_the_wait
 from matcher.domain.waits import Wait
 from matcher.logs import quoted
 from matcher.store.browsing import RunRecord
@@ -101,7 +102,7 @@ def related(facts: ExplainFacts) -> list[Related]:
         if q.replayed_at is not None:
             text += f", replayed: {q.replay_result}"
         found.append(Related("quarantined", text, _record_link(q)))
-    for r in refusals_for_the_wait(facts):
+    for r in refusals_for_the_wait(facts.refused, facts.wait.tenant):
         text = (
             f"refused by the ingress #{r.id} ({r.reason}, HTTP {r.http_status}; unverified claim)"
         )
