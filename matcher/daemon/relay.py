@@ -1,9 +1,10 @@
 """The outbox relay: resolutions committed in Postgres become resume messages on Kafka.
 
-Delivery is at least once (invariant 9): a row is marked published only after Kafka
-acknowledged it (idempotent producer, acks=all), so a crash in between publishes it again,
-and the worker SDK's ``advance`` turns the duplicate into a no-op. The relay wakes on a
-Postgres NOTIFY sent by every transaction that writes the outbox (and, in this process, a
+Delivery is at least once (invariant 9): the transaction that deletes a queued resume
+commits only after Kafka acknowledged it (idempotent producer, acks=all), so a crash in
+between publishes it again, and the worker SDK's ``advance`` turns the duplicate into a
+no-op. The relay wakes on a Postgres NOTIFY sent by every transaction that queues a
+resume (and, in this process, a
 direct nudge from ingest; see matcher.daemon.notifications), with a slow poll as a safety
 net.
 
@@ -161,8 +162,9 @@ class Relay:
 
     async def publish_batch(self, producer: AIOKafkaProducer) -> int:
         topic = self._settings.resume_topic
-        # BEGIN travels with the claim and COMMIT with the mark: two round trips to
-        # Postgres per batch (matcher.store.pipelined).
+        # BEGIN travels with the claim, which deletes the rows it returns; the COMMIT,
+        # sent once Kafka has acknowledged them, is the mark: two round trips to Postgres
+        # per batch (matcher.store.pipelined).
         async with (
             self._pool.connection() as conn,
             pipelined_transaction(conn) as pipeline,
@@ -186,7 +188,6 @@ class Relay:
                     refresh_every_s=self._request_timeout_ms / 1000,
                 )
             crash_point("relay.after_publish")
-            await outbox.mark_published(cur, rows)
         if tracing.enabled():
             _trace_publication(rows, began_ns, topic)
         self.published += len(rows)

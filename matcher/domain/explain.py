@@ -70,9 +70,12 @@ class Verdict(StrEnum):
 
 @dataclass(frozen=True)
 class OutboxFacts:
+    """A resolution's resume: when it was committed, and whether Kafka has acknowledged it
+    (the relay keeps no time of publication: its mark is the queue row's delete)."""
+
     resolution_id: UUID
     created_at: datetime
-    published_at: datetime | None
+    published: bool
 
 
 @dataclass(frozen=True)
@@ -513,10 +516,10 @@ def _past_the_topic(
         return None
     resume: dict[str, Any] = {
         "resolution_id": outbox.resolution_id,
-        "published_at": outbox.published_at,
+        "published": outbox.published,
     }
     evidence["resume"] = resume
-    if outbox.published_at is None:
+    if not outbox.published:
         age = _age(facts.now, outbox.created_at)
         if age >= UNPUBLISHED_GRACE_S:
             reasons.append(
@@ -552,11 +555,11 @@ def _worker_failures(
     reasons: list[str],
 ) -> Verdict | None:
     if worker.attempts is None:
-        if outbox.published_at is not None:
-            waited = _age(facts.now, outbox.published_at)
+        if outbox.published:
+            waited = _age(facts.now, outbox.created_at)
             reasons.append(
-                f"published at {rfc3339(outbox.published_at)}, not advanced by a worker yet "
-                f"({waited}s)"
+                f"published, not advanced by a worker yet ({waited}s since it was committed "
+                f"at {rfc3339(outbox.created_at)})"
             )
             resume["not_advanced_for_s"] = waited
         return None

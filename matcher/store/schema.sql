@@ -133,14 +133,20 @@ CREATE TABLE matcher.waits (
     group_id uuid,
     condition_index integer,
     needed integer,
+    resolution_id uuid,
+    outcome text,
+    resume_sha256 bytea,
     CONSTRAINT waits_check CHECK (((state = 'waiting'::text) = (resolved_at IS NULL))),
     CONSTRAINT waits_condition_of_check CHECK (((group_id IS NULL) = (condition_index IS NULL))),
     CONSTRAINT waits_event_types_check CHECK ((cardinality(event_types) > 0)),
     CONSTRAINT waits_heartbeat_check CHECK ((((heartbeat_interval IS NULL) = (progress_types IS NULL)) AND ((heartbeat_interval IS NULL) = (heartbeat_due IS NULL)))),
     CONSTRAINT waits_needed_check CHECK (((needed IS NULL) OR ((needed >= 1) AND (group_id IS NULL)))),
+    CONSTRAINT waits_outcome_check CHECK ((outcome = ANY (ARRAY['event'::text, 'timeout'::text, 'cancelled'::text]))),
     CONSTRAINT waits_resolution_check CHECK ((resolution = ANY (ARRAY['event'::text, 'deadline'::text, 'heartbeat'::text, 'cancel'::text, 'group'::text]))),
+    CONSTRAINT waits_resolution_id_check CHECK (((resolution_id IS NULL) = (outcome IS NULL))),
     CONSTRAINT waits_state_check CHECK ((state = ANY (ARRAY['waiting'::text, 'matched'::text, 'timed_out'::text, 'cancelled'::text])))
-);
+)
+WITH (fillfactor='50');
 
 
 --
@@ -189,15 +195,19 @@ BEGIN
             resolved_by_producer = t.producer, resolved_by_event_id = t.event_id,
             resolved_by_received_at = CASE WHEN t.producer IS NULL THEN NULL
                                            ELSE coalesce(t.received_at, now()) END,
+            -- A fan-in wait's condition has no resume of its own.
+            resolution_id = CASE WHEN w.group_id IS NULL THEN gen_random_uuid() END,
+            outcome = CASE WHEN w.group_id IS NULL THEN resolve_waits.outcome END,
             version = w.version + 1
         FROM target AS t
         WHERE w.id = t.wait_id AND w.state = still_waiting
-        RETURNING w.id, w.tenant, w.run_id, w.group_id, w.needed
+        RETURNING w.id, w.group_id, w.needed
+    ), closed AS (
+        -- By key (= ANY of an array), never a join: a join's plan may read every open wait.
+        DELETE FROM matcher.open_waits AS o WHERE o.wait_id = ANY (ARRAY(SELECT id FROM resolved))
     ), queued AS (
-        INSERT INTO matcher.outbox (wait_id, tenant, run_id, outcome)
-        SELECT id, tenant, run_id, resolve_waits.outcome FROM resolved
-        WHERE group_id IS NULL
-        RETURNING 1
+        INSERT INTO matcher.resume_queue (wait_id)
+        SELECT id FROM resolved WHERE group_id IS NULL
     )
     SELECT count(*),
            array_agg(DISTINCT group_id) FILTER (WHERE group_id IS NOT NULL),
@@ -206,12 +216,17 @@ BEGIN
     FROM resolved;
 
     IF fan_ins IS NOT NULL THEN
-        UPDATE matcher.waits AS c
-        SET state = resolve_waits.new_state, resolved_at = now(),
-            resolution = CASE WHEN resolve_waits.new_state = 'matched' THEN 'group'
-                              ELSE resolve_waits.how END,
-            version = c.version + 1
-        WHERE c.group_id = ANY (fan_ins) AND c.state = still_waiting;
+        WITH closed_conditions AS (
+            UPDATE matcher.waits AS c
+            SET state = resolve_waits.new_state, resolved_at = now(),
+                resolution = CASE WHEN resolve_waits.new_state = 'matched' THEN 'group'
+                                  ELSE resolve_waits.how END,
+                version = c.version + 1
+            WHERE c.group_id = ANY (fan_ins) AND c.state = still_waiting
+            RETURNING c.id
+        )
+        DELETE FROM matcher.open_waits AS o
+        WHERE o.wait_id = ANY (ARRAY(SELECT id FROM closed_conditions));
     END IF;
 
     IF groups IS NOT NULL THEN
@@ -429,30 +444,12 @@ CREATE FUNCTION matcher.resume_message(resolution_id uuid, outcome text, w match
 
 
 --
--- Name: outbox; Type: TABLE; Schema: matcher; Owner: -
---
-
-CREATE TABLE matcher.outbox (
-    id bigint NOT NULL,
-    resolution_id uuid DEFAULT gen_random_uuid() NOT NULL,
-    wait_id uuid NOT NULL,
-    tenant text NOT NULL,
-    run_id text NOT NULL,
-    outcome text NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    published_at timestamp with time zone,
-    message_sha256 bytea,
-    CONSTRAINT outbox_outcome_check CHECK ((outcome = ANY (ARRAY['event'::text, 'timeout'::text, 'cancelled'::text])))
-);
-
-
---
 -- Name: committed_resume_v1(uuid, uuid); Type: FUNCTION; Schema: matcher; Owner: -
 --
 
 CREATE FUNCTION matcher.committed_resume_v1(wait_id uuid, resolution_id uuid DEFAULT NULL::uuid) RETURNS text
     LANGUAGE sql STABLE
-    RETURN (SELECT (matcher.resume_message(o.resolution_id, o.outcome, w.*, i.*))::text AS resume_message FROM ((matcher.outbox o JOIN matcher.waits w ON ((w.id = o.wait_id))) LEFT JOIN matcher.inbox i ON (((i.producer = w.resolved_by_producer) AND (i.event_id = w.resolved_by_event_id) AND (i.received_at = w.resolved_by_received_at)))) WHERE ((o.wait_id = committed_resume_v1.wait_id) AND ((committed_resume_v1.resolution_id IS NULL) OR (o.resolution_id = committed_resume_v1.resolution_id)) AND (NOT ((o.outcome = 'event'::text) AND (i.producer IS NULL)))) ORDER BY o.id DESC LIMIT 1);
+    RETURN (SELECT (matcher.resume_message(w.resolution_id, w.outcome, w.*, i.*))::text AS resume_message FROM (matcher.waits w LEFT JOIN matcher.inbox i ON (((i.producer = w.resolved_by_producer) AND (i.event_id = w.resolved_by_event_id) AND (i.received_at = w.resolved_by_received_at)))) WHERE ((w.id = committed_resume_v1.wait_id) AND (w.resolution_id IS NOT NULL) AND ((committed_resume_v1.resolution_id IS NULL) OR (w.resolution_id = committed_resume_v1.resolution_id)) AND (NOT ((w.outcome = 'event'::text) AND (i.producer IS NULL)))));
 
 
 --
@@ -845,12 +842,11 @@ BEGIN
                                external_job_id, occurred_at, topic, kafka_partition,
                                kafka_offset, data, trace_parent, n)
         WHERE fresh[b.n]
-        ON CONFLICT DO NOTHING
         RETURNING 1
     )
     SELECT count(*) INTO accepted FROM stored;
     -- The ids were claimed first, so no other transaction can have stored one of these
-    -- events meanwhile; should it happen, the batch is retried (and then sees duplicates).
+    -- events meanwhile (hence no ON CONFLICT, whose confirm record every row would pay).
     IF accepted <> decided THEN
         RAISE EXCEPTION 'stored % of % new events: another transaction stored one',
             accepted, decided
@@ -870,14 +866,20 @@ BEGIN
         SELECT DISTINCT u.w FROM unnest(progress_for) AS u(w) WHERE u.w IS NOT NULL
     );
     IF cardinality(progressing) > 0 THEN
-        UPDATE matcher.waits AS w
-        SET heartbeat_due = greatest(w.heartbeat_due, now() + w.heartbeat_interval),
-            last_progress_at = now(), version = w.version + 1
-        WHERE w.id = ANY (progressing)
-          AND w.state = 'waiting';
+        WITH moved AS (
+            UPDATE matcher.waits AS w
+            SET heartbeat_due = greatest(w.heartbeat_due, now() + w.heartbeat_interval),
+                last_progress_at = now(), version = w.version + 1
+            WHERE w.id = ANY (progressing)
+              AND w.state = 'waiting'
+            RETURNING w.id, w.heartbeat_due
+        )
+        UPDATE matcher.open_waits AS o SET heartbeat_due = m.heartbeat_due
+        FROM moved AS m
+        WHERE o.wait_id = ANY (ARRAY(SELECT id FROM moved)) AND o.wait_id = m.id;
     END IF;
 
-    -- Invariant 3: the waits resolved, with their outbox rows (the relay is woken at
+    -- Invariant 3: the waits resolved, with their resumes queued (the relay is woken at
     -- commit). They are locked by this transaction and were seen waiting: all resolve.
     SELECT array_agg(w) FILTER (WHERE w IS NOT NULL), array_agg(p) FILTER (WHERE w IS NOT NULL),
            array_agg(e) FILTER (WHERE w IS NOT NULL), count(l)
@@ -949,6 +951,11 @@ CREATE FUNCTION matcher.queue_new_waits() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    INSERT INTO matcher.open_waits (
+        wait_id, tenant, created_at, deadline, heartbeat_due, top_level
+    )
+    SELECT id, tenant, created_at, deadline, heartbeat_due, group_id IS NULL
+    FROM new_waits WHERE state = 'waiting';
     INSERT INTO matcher.match_queue (tenant, correlation_id)
     SELECT DISTINCT tenant, correlation_id FROM new_waits WHERE state = 'waiting';
     IF FOUND THEN
@@ -1347,22 +1354,21 @@ CREATE TABLE matcher.runs (
 CREATE FUNCTION matcher.unadvanced_resolutions_v1(tenant text DEFAULT NULL::text, run_prefix text DEFAULT NULL::text, committed_before timestamp with time zone DEFAULT (now() - '00:01:00'::interval), committed_after timestamp with time zone DEFAULT (now() - '7 days'::interval), max_rows integer DEFAULT 100) RETURNS SETOF matcher.unadvanced_resolution_v1
     LANGUAGE sql STABLE
     BEGIN ATOMIC
- SELECT o.resolution_id,
+ SELECT w.resolution_id,
      w.id,
      w.tenant,
      w.run_id,
      w."position",
-     o.created_at,
-     (matcher.resume_message(o.resolution_id, o.outcome, w.*, i.*))::text AS resume_message
-    FROM ((matcher.outbox o
-      JOIN matcher.waits w ON ((w.id = o.wait_id)))
+     w.resolved_at,
+     (matcher.resume_message(w.resolution_id, w.outcome, w.*, i.*))::text AS resume_message
+    FROM (matcher.waits w
       LEFT JOIN matcher.inbox i ON (((i.producer = w.resolved_by_producer) AND (i.event_id = w.resolved_by_event_id) AND (i.received_at = w.resolved_by_received_at))))
-   WHERE ((o.created_at >= unadvanced_resolutions_v1.committed_after) AND (o.created_at < unadvanced_resolutions_v1.committed_before) AND ((unadvanced_resolutions_v1.tenant IS NULL) OR (w.tenant = unadvanced_resolutions_v1.tenant)) AND ((unadvanced_resolutions_v1.run_prefix IS NULL) OR starts_with(w.run_id, unadvanced_resolutions_v1.run_prefix)) AND (NOT ((o.outcome = 'event'::text) AND (i.producer IS NULL))) AND (NOT (EXISTS ( SELECT 1
+   WHERE ((w.created_at >= unadvanced_resolutions_v1.committed_after) AND (w.created_at < unadvanced_resolutions_v1.committed_before) AND (w.resolution_id IS NOT NULL) AND (w.resolved_at >= unadvanced_resolutions_v1.committed_after) AND (w.resolved_at < unadvanced_resolutions_v1.committed_before) AND ((unadvanced_resolutions_v1.tenant IS NULL) OR (w.tenant = unadvanced_resolutions_v1.tenant)) AND ((unadvanced_resolutions_v1.run_prefix IS NULL) OR starts_with(w.run_id, unadvanced_resolutions_v1.run_prefix)) AND (NOT ((w.outcome = 'event'::text) AND (i.producer IS NULL))) AND (NOT (EXISTS ( SELECT 1
             FROM matcher.runs r
            WHERE ((r.tenant = w.tenant) AND (r.run_id = w.run_id) AND (r."position" > w."position"))))) AND (NOT (EXISTS ( SELECT 1
             FROM matcher.worker_failures f
-           WHERE ((f.resolution_id = o.resolution_id) AND (f.parked_at IS NOT NULL))))))
-   ORDER BY o.id
+           WHERE ((f.resolution_id = w.resolution_id) AND (f.parked_at IS NOT NULL))))))
+   ORDER BY w.resolved_at, w.id
   LIMIT unadvanced_resolutions_v1.max_rows;
 END;
 
@@ -1390,31 +1396,28 @@ BEGIN
         RAISE EXCEPTION 'matcher: not a resume matcher committed (not a resume message)'
             USING ERRCODE = 'MR001';
     END;
-    -- The common case, a published resume: one index lookup and a digest.
-    SELECT o.message_sha256 INTO published FROM matcher.outbox AS o
-    WHERE o.wait_id = the_wait AND o.resolution_id = the_resolution;
+    -- A digest recorded (its event has left the inbox): one index lookup.
+    SELECT w.resume_sha256 INTO published FROM matcher.waits AS w
+    WHERE w.id = the_wait AND w.resolution_id = the_resolution;
     IF published IS NOT NULL AND sha256(convert_to(message, 'UTF8')) = published THEN
         RETURN envelope -> 'data';
     END IF;
-    SELECT matcher.resume_message(o.resolution_id, o.outcome, w, i)::text,
-           o.outcome = 'event' AND i.producer IS NULL, o.message_sha256
-    INTO committed, event_gone, published
-    FROM matcher.outbox AS o
-    JOIN matcher.waits AS w ON w.id = o.wait_id
+    SELECT matcher.resume_message(w.resolution_id, w.outcome, w, i)::text,
+           w.outcome = 'event' AND i.producer IS NULL
+    INTO committed, event_gone
+    FROM matcher.waits AS w
     LEFT JOIN matcher.inbox AS i
       ON i.producer = w.resolved_by_producer AND i.event_id = w.resolved_by_event_id
       AND i.received_at = w.resolved_by_received_at
-    WHERE o.wait_id = the_wait AND o.resolution_id = the_resolution;
+    WHERE w.id = the_wait AND w.resolution_id = the_resolution;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'matcher: matcher committed no resolution % for wait %',
             the_resolution, the_wait USING ERRCODE = 'MR001';
     END IF;
     IF event_gone THEN
-        IF published IS NULL OR sha256(convert_to(message, 'UTF8')) <> published THEN
-            RAISE EXCEPTION 'matcher: resolution % cannot be checked: its event is no longer '
-                'stored and the message is not the one published', the_resolution
-                USING ERRCODE = 'MR001';
-        END IF;
+        RAISE EXCEPTION 'matcher: resolution % cannot be checked: its event is no longer '
+            'stored and the message is not the one published', the_resolution
+            USING ERRCODE = 'MR001';
     ELSIF committed IS DISTINCT FROM message THEN
         RAISE EXCEPTION 'matcher: resume % differs from what matcher committed',
             the_resolution USING ERRCODE = 'MR001';
@@ -1555,16 +1558,16 @@ ALTER TABLE matcher.match_queue ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY
 
 
 --
--- Name: outbox_id_seq; Type: SEQUENCE; Schema: matcher; Owner: -
+-- Name: open_waits; Type: TABLE; Schema: matcher; Owner: -
 --
 
-ALTER TABLE matcher.outbox ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
-    SEQUENCE NAME matcher.outbox_id_seq
-    START WITH 1
-    INCREMENT BY 1
-    NO MINVALUE
-    NO MAXVALUE
-    CACHE 1
+CREATE TABLE matcher.open_waits (
+    wait_id uuid NOT NULL,
+    tenant text NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    deadline timestamp with time zone,
+    heartbeat_due timestamp with time zone,
+    top_level boolean NOT NULL
 );
 
 
@@ -1638,6 +1641,50 @@ CREATE TABLE matcher.refusals (
 
 ALTER TABLE matcher.refusals ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     SEQUENCE NAME matcher.refusals_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+--
+-- Name: resume_queue; Type: TABLE; Schema: matcher; Owner: -
+--
+
+CREATE TABLE matcher.resume_queue (
+    id bigint NOT NULL,
+    wait_id uuid NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+
+--
+-- Name: resolutions; Type: VIEW; Schema: matcher; Owner: -
+--
+
+CREATE VIEW matcher.resolutions AS
+ SELECT w.resolution_id,
+    w.id AS wait_id,
+    w.tenant,
+    w.run_id,
+    w.outcome,
+    w.resolved_at,
+    (NOT (EXISTS ( SELECT 1
+           FROM matcher.resume_queue q
+          WHERE (q.wait_id = w.id)))) AS published,
+    w.resume_sha256
+   FROM matcher.waits w
+  WHERE (w.resolution_id IS NOT NULL);
+
+
+--
+-- Name: resume_queue_id_seq; Type: SEQUENCE; Schema: matcher; Owner: -
+--
+
+ALTER TABLE matcher.resume_queue ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME matcher.resume_queue_id_seq
     START WITH 1
     INCREMENT BY 1
     NO MINVALUE
@@ -1727,19 +1774,11 @@ ALTER TABLE ONLY matcher.match_queue
 
 
 --
--- Name: outbox outbox_pkey; Type: CONSTRAINT; Schema: matcher; Owner: -
+-- Name: open_waits open_waits_pkey; Type: CONSTRAINT; Schema: matcher; Owner: -
 --
 
-ALTER TABLE ONLY matcher.outbox
-    ADD CONSTRAINT outbox_pkey PRIMARY KEY (id);
-
-
---
--- Name: outbox outbox_wait_id_key; Type: CONSTRAINT; Schema: matcher; Owner: -
---
-
-ALTER TABLE ONLY matcher.outbox
-    ADD CONSTRAINT outbox_wait_id_key UNIQUE (wait_id);
+ALTER TABLE ONLY matcher.open_waits
+    ADD CONSTRAINT open_waits_pkey PRIMARY KEY (wait_id);
 
 
 --
@@ -1764,6 +1803,14 @@ ALTER TABLE ONLY matcher.quarantine
 
 ALTER TABLE ONLY matcher.refusals
     ADD CONSTRAINT refusals_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: resume_queue resume_queue_pkey; Type: CONSTRAINT; Schema: matcher; Owner: -
+--
+
+ALTER TABLE ONLY matcher.resume_queue
+    ADD CONSTRAINT resume_queue_pkey PRIMARY KEY (id);
 
 
 --
@@ -1854,17 +1901,24 @@ CREATE INDEX match_queue_by_key ON matcher.match_queue USING btree (tenant, corr
 
 
 --
--- Name: outbox_created_at; Type: INDEX; Schema: matcher; Owner: -
+-- Name: open_waits_deadline; Type: INDEX; Schema: matcher; Owner: -
 --
 
-CREATE INDEX outbox_created_at ON matcher.outbox USING brin (created_at);
+CREATE INDEX open_waits_deadline ON matcher.open_waits USING btree (deadline) WHERE (deadline IS NOT NULL);
 
 
 --
--- Name: outbox_unpublished; Type: INDEX; Schema: matcher; Owner: -
+-- Name: open_waits_heartbeat_due; Type: INDEX; Schema: matcher; Owner: -
 --
 
-CREATE INDEX outbox_unpublished ON matcher.outbox USING btree (id) WHERE (published_at IS NULL);
+CREATE INDEX open_waits_heartbeat_due ON matcher.open_waits USING btree (heartbeat_due) WHERE (heartbeat_due IS NOT NULL);
+
+
+--
+-- Name: open_waits_oldest; Type: INDEX; Schema: matcher; Owner: -
+--
+
+CREATE INDEX open_waits_oldest ON matcher.open_waits USING btree (created_at, wait_id) WHERE top_level;
 
 
 --
@@ -1931,17 +1985,10 @@ CREATE INDEX waits_by_run ON matcher.waits USING btree (run_id, tenant, "positio
 
 
 --
--- Name: waits_deadline; Type: INDEX; Schema: matcher; Owner: -
+-- Name: waits_created_at; Type: INDEX; Schema: matcher; Owner: -
 --
 
-CREATE INDEX waits_deadline ON matcher.waits USING btree (deadline) WHERE ((state = 'waiting'::text) AND (deadline IS NOT NULL));
-
-
---
--- Name: waits_heartbeat_due; Type: INDEX; Schema: matcher; Owner: -
---
-
-CREATE INDEX waits_heartbeat_due ON matcher.waits USING btree (heartbeat_due) WHERE ((state = 'waiting'::text) AND (heartbeat_due IS NOT NULL));
+CREATE INDEX waits_created_at ON matcher.waits USING brin (created_at);
 
 
 --
@@ -1949,13 +1996,6 @@ CREATE INDEX waits_heartbeat_due ON matcher.waits USING btree (heartbeat_due) WH
 --
 
 CREATE INDEX waits_match ON matcher.waits USING btree (correlation_id, tenant);
-
-
---
--- Name: waits_waiting; Type: INDEX; Schema: matcher; Owner: -
---
-
-CREATE INDEX waits_waiting ON matcher.waits USING btree (created_at) WHERE (state = 'waiting'::text);
 
 
 --
@@ -1973,10 +2013,10 @@ CREATE INDEX worker_failures_parked ON matcher.worker_failures USING btree (park
 
 
 --
--- Name: outbox outbox_wakes_relay; Type: TRIGGER; Schema: matcher; Owner: -
+-- Name: resume_queue resume_queue_wakes_relay; Type: TRIGGER; Schema: matcher; Owner: -
 --
 
-CREATE TRIGGER outbox_wakes_relay AFTER INSERT ON matcher.outbox FOR EACH STATEMENT EXECUTE FUNCTION matcher.wake_relay();
+CREATE TRIGGER resume_queue_wakes_relay AFTER INSERT ON matcher.resume_queue FOR EACH STATEMENT EXECUTE FUNCTION matcher.wake_relay();
 
 
 --

@@ -479,10 +479,7 @@ def _register_early(settings: Settings, correlations: list[str]) -> None:
 async def _until_resolved(settings: Settings, total: int, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while (
-        int(
-            scalar(settings, "SELECT count(*) FROM matcher.outbox WHERE published_at IS NOT NULL")
-            or 0
-        )
+        int(scalar(settings, "SELECT count(*) FROM matcher.resolutions WHERE published") or 0)
         < total
     ):
         assert time.monotonic() < deadline, "not every wait was resolved and published"

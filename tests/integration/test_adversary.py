@@ -150,7 +150,7 @@ def _resolved(settings: Settings, wait_id: str) -> bool:
 
 def _outbox_rows(settings: Settings, wait_id: str) -> int:
     return int(
-        scalar(settings, "SELECT count(*) FROM matcher.outbox WHERE wait_id = %s", [wait_id])
+        scalar(settings, "SELECT count(*) FROM matcher.resolutions WHERE wait_id = %s", [wait_id])
     )
 
 
@@ -671,7 +671,7 @@ async def test_a_genuine_resume_is_verified_whatever_the_workers_connection(
             await produce_raw(secure, [_message(record)])
             genuine = (await _raw_resumes(secure, spec.run_id))[0]
             await _reached(
-                lambda: bool(scalar(secure, "SELECT count(*) FROM matcher.outbox"
+                lambda: bool(scalar(secure, "SELECT count(*) FROM matcher.resolutions"
                                     " WHERE message_sha256 IS NOT NULL")),
                 timeout=10,
             )  # fmt: skip
@@ -825,8 +825,8 @@ async def test_a_long_worker_transaction_does_not_stall_other_keys(
             return int(
                 scalar(
                     secure,
-                    "SELECT count(*) FROM matcher.outbox WHERE wait_id = ANY(%s::uuid[])"
-                    " AND published_at IS NOT NULL",
+                    "SELECT count(*) FROM matcher.resolutions WHERE wait_id = ANY(%s::uuid[])"
+                    " AND published",
                     [waits],
                 )
             )

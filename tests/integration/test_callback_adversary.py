@@ -128,7 +128,9 @@ def test_a_replayed_callback_is_409_and_changes_nothing(
     assert [r["data"] for r in stored] == [{"n": 1}]
     assert (
         scalar(
-            webhooks_secure, "SELECT count(*) FROM matcher.outbox WHERE wait_id = %s", (wait_id,)
+            webhooks_secure,
+            "SELECT count(*) FROM matcher.resolutions WHERE wait_id = %s",
+            (wait_id,),
         )
         == 1
     )

@@ -94,7 +94,7 @@ def _stored(settings: Settings, wait_id: uuid.UUID) -> list[dict[str, Any]]:
 
 def _resolutions(settings: Settings, wait_id: uuid.UUID) -> int:
     return int(
-        scalar(settings, "SELECT count(*) FROM matcher.outbox WHERE wait_id = %s", (wait_id,))
+        scalar(settings, "SELECT count(*) FROM matcher.resolutions WHERE wait_id = %s", (wait_id,))
     )
 
 

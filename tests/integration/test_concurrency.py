@@ -65,10 +65,11 @@ def _assert_all_matched_once(settings: Settings, pairs: int) -> None:
     states = rows(settings, "SELECT state, count(*) AS n FROM matcher.waits GROUP BY state")
     assert {r["state"]: r["n"] for r in states} == {"matched": pairs}
     per_wait = rows(
-        settings, "SELECT count(*) AS n FROM matcher.outbox GROUP BY wait_id HAVING count(*) > 1"
+        settings,
+        "SELECT count(*) AS n FROM matcher.resolutions GROUP BY wait_id HAVING count(*) > 1",
     )
     assert per_wait == []
-    assert rows(settings, "SELECT count(*) AS n FROM matcher.outbox")[0]["n"] == pairs
+    assert rows(settings, "SELECT count(*) AS n FROM matcher.resolutions")[0]["n"] == pairs
 
 
 # The campaign's counts (MATCHER_TEST_PAIRS, MATCHER_TEST_RACE_ROUNDS) set a run's length;

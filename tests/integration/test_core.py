@@ -157,7 +157,7 @@ async def test_duplicates_resolve_once_even_across_restarts(settings: Settings) 
         resumes = await read_resumes(settings, at_least=1)
     assert len(resumes) == 1
     assert scalar(settings, "SELECT count(*) FROM matcher.inbox WHERE event_id = 'evt-1'") == 1
-    assert scalar(settings, "SELECT count(*) FROM matcher.outbox") == 1
+    assert scalar(settings, "SELECT count(*) FROM matcher.resolutions") == 1
 
 
 async def test_events_sharing_a_job_id_are_all_kept(settings: Settings) -> None:
@@ -261,7 +261,7 @@ async def test_timeout_races_completion_and_the_loser_is_recorded(settings: Sett
         settings,
         """
         SELECT w.id, w.state, i.status, i.consumed_by, i.late_for,
-               (SELECT count(*) FROM matcher.outbox o WHERE o.wait_id = w.id) AS resolutions
+               (SELECT count(*) FROM matcher.resolutions o WHERE o.wait_id = w.id) AS resolutions
         FROM matcher.waits w JOIN matcher.inbox i ON i.correlation_id = w.correlation_id
         """,
     )

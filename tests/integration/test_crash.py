@@ -55,8 +55,7 @@ def _through(settings: Settings, point: str, correlations: list[str]) -> bool:
     else:
         done = scalar(
             settings,
-            "SELECT count(*) FROM matcher.outbox WHERE run_id = ANY(%s)"
-            " AND published_at IS NOT NULL",
+            "SELECT count(*) FROM matcher.resolutions WHERE run_id = ANY(%s) AND published",
             [[f"run-{c}" for c in correlations]],
         )
     return bool(done == len(correlations))
@@ -172,7 +171,9 @@ async def test_sigterm_under_load_loses_and_doubles_nothing(settings: Settings) 
         # before its graceful stop finished, and the test had nothing left to check.
         producing = asyncio.create_task(produce_paced(settings, events, pause=0.1))
         await eventually(
-            lambda: (scalar(settings, "SELECT count(*) FROM matcher.outbox") or 0) > total // 10,
+            lambda: (
+                (scalar(settings, "SELECT count(*) FROM matcher.resolutions") or 0) > total // 10
+            ),
             timeout=60,
         )
         assert await asyncio.to_thread(first.terminate) == 0, first.output
@@ -196,7 +197,7 @@ async def test_members_join_and_leave_the_group_under_load(settings: Settings) -
     events = [event(correlation=c) for c in correlations]
 
     def resolved() -> int:
-        return int(scalar(settings, "SELECT count(*) FROM matcher.outbox") or 0)
+        return int(scalar(settings, "SELECT count(*) FROM matcher.resolutions") or 0)
 
     with contextlib.ExitStack() as daemons:
 

@@ -98,7 +98,7 @@ async def test_resolved_by_event_names_the_event(settings: Settings) -> None:
     assert found.evidence["event"]["id"] == winner.id
     assert found.evidence["event"]["partition"] is not None
     assert found.evidence["event"]["offset"] is not None
-    assert found.evidence["resume"]["published_at"] is not None
+    assert found.evidence["resume"]["published"] is True
 
 
 async def test_timed_out_and_cancelled_list_their_late_events(settings: Settings) -> None:
@@ -242,10 +242,13 @@ async def test_unpublished_resume_is_reported(settings: Settings) -> None:
     _register(settings, "r-unpub", "c-unpub")
     assert await rematch_all(settings) == 1  # resolved by the rematch pass, while no relay runs
     with psycopg.connect(settings.database_url.get_secret_value(), autocommit=True) as conn:
-        conn.execute("UPDATE matcher.outbox SET created_at = now() - interval '1 minute'")
+        conn.execute(
+            "UPDATE matcher.waits SET resolved_at = now() - interval '1 minute',"
+            " created_at = now() - interval '2 minutes' WHERE resolution_id IS NOT NULL"
+        )
     found = await _explain(settings, "r-unpub")
     assert found.verdict is Verdict.RESOLVED_BY_EVENT
-    assert found.evidence["resume"]["published_at"] is None
+    assert found.evidence["resume"]["published"] is False
     assert found.evidence["resume"]["unpublished_for_s"] >= 60
 
 

@@ -209,7 +209,7 @@ async def test_a_cancelled_fan_in_wait_closes_its_conditions(settings: Settings)
     states = rows(settings, "SELECT state, resolution FROM matcher.waits WHERE group_id = %s",
                   (wait.id,))  # fmt: skip
     assert states == [{"state": "cancelled", "resolution": "cancel"}] * 2
-    assert scalar(settings, "SELECT count(*) FROM matcher.outbox") == 1  # the wait's only
+    assert scalar(settings, "SELECT count(*) FROM matcher.resolutions") == 1  # the wait's only
 
 
 RACES = 16
@@ -237,7 +237,7 @@ async def test_all_of_with_the_deadline_racing_the_last_event(fast: Settings) ->
     by_wait: dict[Any, list[ResumeData]] = {}
     for r in resumes:
         by_wait.setdefault(r.wait_id, []).append(r)
-    outbox = rows(fast, "SELECT wait_id, count(*) AS n FROM matcher.outbox GROUP BY wait_id")
+    outbox = rows(fast, "SELECT wait_id, count(*) AS n FROM matcher.resolutions GROUP BY wait_id")
     assert {r["wait_id"]: r["n"] for r in outbox} == {w.id: 1 for w in waits}
     for wait, first, last in zip(waits, firsts, lasts, strict=True):
         resume = by_wait[wait.id][0]

@@ -21,7 +21,7 @@ def _stored_at_least(settings: Settings, count: int) -> Callable[[], bool]:
 
 
 def _resolved(settings: Settings) -> int:
-    return int(scalar(settings, "SELECT count(*) FROM matcher.outbox") or 0)
+    return int(scalar(settings, "SELECT count(*) FROM matcher.resolutions") or 0)
 
 
 async def test_terminated_connections_are_survived(settings: Settings) -> None:

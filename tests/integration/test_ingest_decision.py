@@ -136,7 +136,7 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 
 def _set_up(conn: psycopg.Connection[Any], world: World) -> None:
     conn.execute(
-        "TRUNCATE matcher.outbox, matcher.launch_audit, matcher.launches, matcher.inbox,"
+        "TRUNCATE matcher.resolutions, matcher.launch_audit, matcher.launches, matcher.inbox,"
         " matcher.event_ids, matcher.quarantine, matcher.waits, matcher.match_queue"
     )
     for g, (needed, (tenant, correlation)) in world.groups.items():
@@ -220,7 +220,7 @@ def _resolutions(conn: psycopg.Connection[Any]) -> dict[uuid.UUID, tuple[str, st
     """The waits and fan-in conditions events resolved, by the event."""
     rows = conn.execute(
         "SELECT w.id, w.resolved_by_producer, w.resolved_by_event_id, w.group_id,"
-        " (SELECT count(*) FROM matcher.outbox AS o WHERE o.wait_id = w.id)"
+        " (SELECT count(*) FROM matcher.resolutions AS o WHERE o.wait_id = w.id)"
         " FROM matcher.waits AS w WHERE w.resolution = 'event'"
         " AND w.resolved_by_producer IS NOT NULL AND w.needed IS NULL"
     ).fetchall()
@@ -232,7 +232,8 @@ def _resolutions(conn: psycopg.Connection[Any]) -> dict[uuid.UUID, tuple[str, st
 def _fan_ins(conn: psycopg.Connection[Any]) -> dict[uuid.UUID, tuple[str, int]]:
     """Each fan-in wait's state and resumes."""
     rows = conn.execute(
-        "SELECT w.id, w.state, (SELECT count(*) FROM matcher.outbox AS o WHERE o.wait_id = w.id)"
+        "SELECT w.id, w.state,"
+        " (SELECT count(*) FROM matcher.resolutions AS o WHERE o.wait_id = w.id)"
         " FROM matcher.waits AS w WHERE w.needed IS NOT NULL"
     ).fetchall()
     return {r[0]: (r[1], r[2]) for r in rows}

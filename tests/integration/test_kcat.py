@@ -49,9 +49,7 @@ def _publish(kcat: str, settings: Settings, record: KafkaRecord, codec: str) -> 
 
 
 def _published(settings: Settings) -> int:
-    return int(
-        scalar(settings, "SELECT count(*) FROM matcher.outbox WHERE published_at IS NOT NULL")
-    )
+    return int(scalar(settings, "SELECT count(*) FROM matcher.resolutions WHERE published"))
 
 
 @pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
@@ -67,10 +65,7 @@ async def test_signed_events_kcat_publishes_resolve_their_waits(
         for _, record in events:
             _publish(kcat, secure, record, codec)
         await eventually(
-            lambda: (
-                scalar(secure, "SELECT count(*) FROM matcher.outbox WHERE published_at IS NOT NULL")
-                == 2
-            ),
+            lambda: scalar(secure, "SELECT count(*) FROM matcher.resolutions WHERE published") == 2,
             timeout=60,
             what="both waits resolved and published",
         )
@@ -99,10 +94,7 @@ async def test_a_record_kcat_mangles_is_quarantined_and_the_partition_goes_on(
         _publish(kcat, secure, tampered, "none")
         _publish(kcat, secure, good, "none")
         await eventually(
-            lambda: (
-                scalar(secure, "SELECT count(*) FROM matcher.outbox WHERE published_at IS NOT NULL")
-                == 1
-            ),
+            lambda: scalar(secure, "SELECT count(*) FROM matcher.resolutions WHERE published") == 1,
             timeout=60,
             what="the intact event's wait resolved",
         )

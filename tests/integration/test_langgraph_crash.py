@@ -63,8 +63,8 @@ async def test_a_resumer_killed_anywhere_resumes_each_graph_once(
     async with running_daemon(settings):
         await produce(settings, [event(correlation=j["correlation_id"]) for j in jobs])
         await eventually(
-            lambda: int(scalar(settings, "SELECT count(*) FROM matcher.outbox "
-                                         "WHERE published_at IS NOT NULL")) == THREADS,
+            lambda: int(scalar(settings, "SELECT count(*) FROM matcher.resolutions "
+                                         "WHERE published")) == THREADS,
             timeout=120, what="every resume published",
         )  # fmt: skip
     group = f"crash-lg-{uuid.uuid4().hex[:6]}"

@@ -144,7 +144,7 @@ async def test_relay_survives_kafka_outage(private_settings: tuple[Devstack, Set
 
 
 def _resolved(settings: Settings) -> int:
-    return int(scalar(settings, "SELECT count(*) FROM matcher.outbox") or 0)
+    return int(scalar(settings, "SELECT count(*) FROM matcher.resolutions") or 0)
 
 
 async def _restart(stack: Devstack, fault: str) -> None:

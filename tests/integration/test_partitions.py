@@ -121,7 +121,8 @@ async def test_dedupe_holds_across_days_and_through_a_purge_under_load(
         await producing
         await produce(settings, inside + outside)
         await eventually(
-            lambda: scalar(settings, "SELECT count(*) FROM matcher.outbox") == total, timeout=90
+            lambda: scalar(settings, "SELECT count(*) FROM matcher.resolutions") == total,
+            timeout=90,
         )
         await eventually(lambda: len(_copies(settings, outside)) == 40, timeout=60)
         done.set()

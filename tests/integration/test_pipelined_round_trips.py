@@ -38,7 +38,7 @@ def _cancelled_waits(settings: Settings, count: int) -> None:
 
 
 def _unpublished(settings: Settings) -> int:
-    return int(scalar(settings, "SELECT count(*) FROM matcher.outbox WHERE published_at IS NULL"))
+    return int(scalar(settings, "SELECT count(*) FROM matcher.resolutions WHERE NOT published"))
 
 
 def _round_trips(trace: Path) -> int:

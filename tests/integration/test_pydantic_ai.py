@@ -181,9 +181,9 @@ async def test_an_event_before_the_run_is_parked_waits_for_it(settings: Settings
     async def finish_at_once(launch: Launch) -> None:
         await produce(settings, [event(correlation=launch.correlation_id, data={"rows": 9})])
         await eventually(
-            lambda: scalar(settings, "SELECT count(*) FROM matcher.outbox o JOIN matcher.waits"
+            lambda: scalar(settings, "SELECT count(*) FROM matcher.resolutions o JOIN matcher.waits"
                                      " w ON w.id = o.wait_id WHERE w.run_id = %s AND "
-                                     "o.published_at IS NOT NULL", [launch.run_id]) == 1,
+                                     "o.published", [launch.run_id]) == 1,
             timeout=60, what="the resume published before the run is parked",
         )  # fmt: skip
 

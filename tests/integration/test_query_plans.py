@@ -12,9 +12,11 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql as pgsql
+from psycopg.rows import args_row
 from psycopg.types.json import Jsonb
 
 from matcher.store import outbox
+from matcher.store.pipelined import pipelined_transaction
 from matcher.store.sql import query
 from tests.support.services import Services, create_database, drop_database, with_database
 
@@ -40,12 +42,15 @@ def big(services: Services, template_db: str) -> Iterator[psycopg.Connection[Any
 def _fill(conn: psycopg.Connection[Any]) -> None:
     conn.execute(
         "INSERT INTO matcher.waits (id, tenant, run_id, position, event_types, correlation_id,"
-        " state, created_at, resolved_at, resolution, deadline)"
+        " state, created_at, resolved_at, resolution, deadline, resolution_id, outcome)"
         " SELECT gen_random_uuid(), 't' || (g %% 50), 'run-' || g, 0, ARRAY['done'], 'c-' || g,"
         " CASE WHEN g %% 100 = 0 THEN 'waiting' ELSE 'matched' END, now() - interval '1 day',"
         " CASE WHEN g %% 100 = 0 THEN NULL ELSE now() END,"
         " CASE WHEN g %% 100 = 0 THEN NULL ELSE 'event' END,"
-        " now() + (g || ' seconds')::interval FROM generate_series(1, %s) AS g",
+        " now() + (g || ' seconds')::interval,"
+        " CASE WHEN g %% 100 = 0 THEN NULL ELSE gen_random_uuid() END,"
+        " CASE WHEN g %% 100 = 0 THEN NULL ELSE 'event' END"
+        " FROM generate_series(1, %s) AS g",
         [ROWS],
     )
     # Spread over the 15 days a default window keeps, so lookups meet every partition.
@@ -64,10 +69,10 @@ def _fill(conn: psycopg.Connection[Any]) -> None:
         " SELECT producer, event_id, received_at FROM matcher.inbox"
     )
     conn.execute(
-        "INSERT INTO matcher.outbox (wait_id, tenant, run_id, outcome, published_at)"
-        " SELECT id, tenant, run_id, 'event', now() FROM matcher.waits WHERE state = 'matched'"
+        "INSERT INTO matcher.resume_queue (wait_id)"
+        " SELECT id FROM matcher.waits WHERE state = 'matched' AND run_id LIKE '%%7'"
     )
-    for table in ("waits", "inbox", "event_ids", "outbox"):
+    for table in ("waits", "inbox", "event_ids", "resume_queue", "open_waits"):
         conn.execute(f"VACUUM ANALYZE matcher.{table}".encode())
 
 
@@ -111,7 +116,7 @@ HOT = [
     ("explain", "waits_of_run", {"run_id": "run-1", "tenant": None}),
     ("stats", "gauges", {}),
 ]
-BIG_TABLES = {"waits", "inbox", "event_ids", "outbox"}
+BIG_TABLES = {"waits", "inbox", "event_ids", "resume_queue", "open_waits"}
 
 
 @pytest.mark.parametrize(("module", "name", "params"), HOT, ids=[f"{m}.{n}" for m, n, _ in HOT])
@@ -120,6 +125,11 @@ def test_hot_query_uses_indexes(
 ) -> None:
     scans = _explain(big, query(module, name), params)
     sequential = _big_tables_scanned(big, scans)
+    # The queue and the open waits are read whole where the question is about all of them
+    # (the queue is short but for an outage; the open waits are what a partial index on
+    # waiting waits held).
+    if name in ("day_still_needed", "gauges"):
+        sequential = [t for t in sequential if t not in ("resume_queue", "open_waits")]
     assert sequential == [], f"{module}.{name} scans {sequential} sequentially: {scans}"
 
 
@@ -157,7 +167,7 @@ def test_forgetting_a_days_ids_walks_the_indexes(big: psycopg.Connection[Any]) -
         "ends": datetime(2026, 1, 2, tzinfo=UTC),
     }
     scans = _explain(big, statement.as_string(big), params)
-    sequential = [table for node, table in scans if node == "Seq Scan"]
+    sequential = _big_tables_scanned(big, scans)
     assert sequential == [], f"forget_day_ids scans {sequential} sequentially: {scans}"
 
 
@@ -227,6 +237,10 @@ def test_console_query_uses_indexes(
         and re.sub(r"_p\d{8}$", "", table) in CONSOLE_TABLES
         and table not in empty
     ]
+    if params.get("tenant") is not None:
+        # The fixture's 2,000 open waits fit a few pages: filtered by tenant, reading them
+        # all beats walking their index (a million would not).
+        sequential = [t for t in sequential if t != "open_waits"]
     assert sequential == [], f"console.{name} scans {sequential} sequentially: {scans}"
 
 
@@ -358,7 +372,9 @@ def test_ingest_statements_use_indexes_and_no_quadratic_plan(
     assert len(plans) >= 6, f"expected the function's statements, got {statements}"
     for plan in plans:
         scans = _scans(plan["Plan"])
-        sequential = [t for n, t in scans if n == "Seq Scan" and t in BIG_TABLES]
+        # The fixture's open waits (2,000) fit a few pages, which a plan may read whole
+        # to delete a batch's; the rows-read bound below still holds it.
+        sequential = [t for n, t in scans if n == "Seq Scan" and t in BIG_TABLES - {"open_waits"}]
         assert sequential == [], f"{plan['Query Text'][:80]} scans {sequential}: {scans}"
         quadratic = _quadratic_nodes(plan["Plan"])
         assert quadratic == [], f"{plan['Query Text'][:80]}: {quadratic}"
@@ -454,68 +470,57 @@ def _rows_through(node: dict[str, Any]) -> float:
     return float(per_loop * node.get("Actual Loops", 1))
 
 
-async def test_the_relays_mark_reads_few_rows_after_the_outbox_grew(db_url: str) -> None:
-    """The relay marks what it published by id, on pooled connections that live up to an
-    hour. Their first marks ran on a near-empty outbox, and the plan kept from them (psycopg
-    prepares a statement after five runs, Postgres keeps a generic plan after five more)
-    read the whole outbox for every batch once it had grown: 0.9 ms a mark of three
-    rows at 500 events/s, a fifth of Postgres' CPU at 2,000/s, until an ANALYZE. Whatever
-    the session saw first, a mark of two reads a few rows."""
+async def test_the_relays_claim_reads_few_rows_after_the_queue_grew(db_url: str) -> None:
+    """The relay claims on pooled connections that live up to an hour. A plan kept from
+    their first claims, made while the tables were near empty, would read every wait for
+    each batch once they had grown (a relay behind, Kafka down): whatever the session saw
+    first, the relay's claim of two reads a few rows."""
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
-        # Never analyzed: the planner knows the outbox only by its size on disk.
-        await conn.execute("ALTER TABLE matcher.outbox SET (autovacuum_enabled = off)")
-        # Twelve marks on the near-empty outbox: past psycopg's threshold and Postgres'
-        # five custom plans, so that a kept generic plan would be made here.
+        # Never analyzed: the planner knows the tables only by their size on disk.
+        for table in ("resume_queue", "waits"):
+            await conn.execute(f"ALTER TABLE matcher.{table} SET (autovacuum_enabled = off)")
         for _ in range(12):
-            rows = await _unpublished(conn, 2)
-            async with conn.cursor() as cur:
-                await outbox.mark_published(cur, rows)
-        await _outbox_rows(conn, 8000, published=True)
-        rows = await _unpublished(conn, 2)
+            await _queued(conn, 2)
+            assert len(await _claim(conn, [])) == 2
+        await _queued(conn, 8000)
         plans: list[Any] = []
         conn.add_notice_handler(_plan_collector(plans))
-        async with conn.transaction():
-            await conn.execute("LOAD 'auto_explain'")
-            for setting in AUTO_EXPLAIN:
-                await conn.execute(f"SET LOCAL auto_explain.{setting}".encode())
-            async with conn.cursor() as cur:
-                await outbox.mark_published(cur, rows)
-        published = await (
-            await conn.execute(
-                "SELECT count(*) FROM matcher.outbox WHERE id = ANY(%s)"
-                " AND published_at IS NOT NULL AND message_sha256 IS NOT NULL",
-                [[r.id for r in rows]],
-            )
-        ).fetchone()
-    assert published == (2,), f"both rows should be marked: {published}"
-    marks = [p for p in plans if "UPDATE matcher.outbox" in p["Query Text"]]
-    assert marks, f"the mark's plan was not captured: {[p['Query Text'][:60] for p in plans]}"
+        claimed = await _claim(
+            conn,
+            ["LOAD 'auto_explain'"]
+            + [f"SET LOCAL auto_explain.{setting}" for setting in AUTO_EXPLAIN],
+        )
+    assert len(claimed) == 2, f"two rows should be claimed: {claimed}"
+    claims = [p for p in plans if "DELETE FROM matcher.resume_queue" in p["Query Text"]]
+    assert claims, f"the claim's plan was not captured: {[p['Query Text'][:60] for p in plans]}"
     heavy = [
         f"{node['Node Type']} {node.get('Relation Name', '')}: {rows_:.0f} rows"
-        for node in _nodes(marks[0]["Plan"])
+        for node in _nodes(claims[0]["Plan"])
         if (rows_ := _rows_through(node)) > 50
     ]
-    assert heavy == [], f"the mark read {heavy}"
+    assert heavy == [], f"the claim read {heavy}"
 
 
-async def _unpublished(conn: psycopg.AsyncConnection[Any], count: int) -> list[outbox.Claimed]:
-    """``count`` new unpublished outbox rows, as the relay would have claimed them."""
-    ids = await _outbox_rows(conn, count, published=False)
-    return [outbox.Claimed(id_, "run", "event", 0.0, None, "{}") for id_ in ids]
+async def _claim(conn: psycopg.AsyncConnection[Any], first: list[str]) -> list[outbox.Claimed]:
+    """The relay's claim of two, in its own kind of transaction, after ``first``."""
+    async with (
+        pipelined_transaction(conn) as pipeline,
+        conn.cursor(row_factory=args_row(outbox.Claimed)) as cur,
+    ):
+        for statement in first:
+            await conn.execute(statement.encode())
+        return await outbox.claim_unpublished(cur, pipeline, 2)
 
 
-async def _outbox_rows(
-    conn: psycopg.AsyncConnection[Any], count: int, published: bool
-) -> list[int]:
-    """The ids of ``count`` new outbox rows, each for a wait of its own."""
-    cur = await conn.execute(
+async def _queued(conn: psycopg.AsyncConnection[Any], count: int) -> None:
+    """``count`` resolved waits, each with its resume queued."""
+    await conn.execute(
         "WITH w AS ("
-        " INSERT INTO matcher.waits (id, tenant, run_id, position, event_types, correlation_id)"
-        " SELECT gen_random_uuid(), 't', 'run-' || gen_random_uuid(), 0, ARRAY['done'], 'c'"
-        " FROM generate_series(1, %(count)s) RETURNING id, tenant, run_id)"
-        " INSERT INTO matcher.outbox (wait_id, tenant, run_id, outcome, published_at)"
-        " SELECT id, tenant, run_id, 'event', CASE WHEN %(published)s THEN now() END FROM w"
-        " RETURNING id",
-        {"count": count, "published": published},
+        " INSERT INTO matcher.waits (id, tenant, run_id, position, event_types, correlation_id,"
+        " state, resolved_at, resolution, resolution_id, outcome)"
+        " SELECT gen_random_uuid(), 't', 'run-' || gen_random_uuid(), 0, ARRAY['done'], 'c',"
+        " 'cancelled', now(), 'cancel', gen_random_uuid(), 'cancelled'"
+        " FROM generate_series(1, %(count)s) RETURNING id)"
+        " INSERT INTO matcher.resume_queue (wait_id) SELECT id FROM w",
+        {"count": count},
     )
-    return [row[0] for row in await cur.fetchall()]

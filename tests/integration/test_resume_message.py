@@ -50,14 +50,14 @@ def _spec(correlation: str, run: str, **extra: object) -> WaitSpec:
     )
 
 
-_PUBLISHED = "SELECT count(*) FROM matcher.outbox WHERE published_at IS NOT NULL"
+_PUBLISHED = "SELECT count(*) FROM matcher.resolutions WHERE published"
 _REFERENCE_ROWS = """
 SELECT o.resolution_id, o.outcome,
        w.id AS wait_id, w.tenant, w.run_id, w.position, w.correlation_id, w.event_types,
        w.deadline, w.created_at, w.resolved_at, w.resolved_by_producer, w.resolved_by_event_id,
        i.type AS event_type, i.data AS event_data, i.external_job_id, i.occurred_at,
        i.kafka_topic, i.kafka_partition, i.kafka_offset, i.received_at
-FROM matcher.outbox AS o
+FROM matcher.resolutions AS o
 JOIN matcher.waits AS w ON w.id = o.wait_id
 LEFT JOIN matcher.inbox AS i
   ON i.producer = w.resolved_by_producer AND i.event_id = w.resolved_by_event_id

@@ -286,8 +286,8 @@ RACES = 24
 def _one_outcome_each(settings: Settings, wait_ids: list[Any]) -> dict[Any, str]:
     found = rows(
         settings,
-        "SELECT w.id, w.state, w.resolution, count(o.id) AS resolutions"
-        " FROM matcher.waits AS w LEFT JOIN matcher.outbox AS o ON o.wait_id = w.id"
+        "SELECT w.id, w.state, w.resolution, count(o.resolution_id) AS resolutions"
+        " FROM matcher.waits AS w LEFT JOIN matcher.resolutions AS o ON o.wait_id = w.id"
         " WHERE w.id = ANY(%s) GROUP BY w.id",
         (wait_ids,),
     )
@@ -310,7 +310,7 @@ async def test_a_heartbeat_racing_the_deadline_gives_one_outcome(fast: Settings)
     ids = [w.id for w in waits]
     async with running_daemon(fast):
         await eventually(
-            lambda: scalar(fast, "SELECT count(*) FROM matcher.outbox") == RACES,
+            lambda: scalar(fast, "SELECT count(*) FROM matcher.resolutions") == RACES,
             what="every wait resolved",
         )
         resumes = await read_resumes(fast, at_least=RACES)
@@ -340,7 +340,7 @@ async def test_a_heartbeat_racing_a_completion_gives_one_outcome(fast: Settings)
         await asyncio.sleep(max(0.0, wait_s - 0.05))  # aim the sends at the due time
         await produce(fast, completions)
         await eventually(
-            lambda: scalar(fast, "SELECT count(*) FROM matcher.outbox") == RACES,
+            lambda: scalar(fast, "SELECT count(*) FROM matcher.resolutions") == RACES,
             what="every wait resolved",
         )
         await eventually(

@@ -185,7 +185,8 @@ def _daemons(settings: Settings, count: int) -> Iterator[list[DaemonProcess]]:
 def _settled(settings: Settings, total: int) -> bool:
     counts = rows(
         settings,
-        "SELECT count(*) AS resolved, count(published_at) AS published FROM matcher.outbox",
+        "SELECT count(*) AS resolved, count(*) FILTER (WHERE published) AS published"
+        " FROM matcher.resolutions",
     )[0]
     waiting = scalar(settings, "SELECT count(*) FROM matcher.waits WHERE state = 'waiting'")
     return bool(counts["resolved"] == total and counts["published"] == total and waiting == 0)
@@ -243,7 +244,7 @@ def _check_resolutions(
         assert waits[correlation]["state"] in ("matched", "timed_out"), waits[correlation]
 
     # One outbox row per wait, its outcome the wait's state.
-    outbox = rows(settings, "SELECT resolution_id, wait_id, outcome FROM matcher.outbox")
+    outbox = rows(settings, "SELECT resolution_id, wait_id, outcome FROM matcher.resolutions")
     per_wait = Counter(str(r["wait_id"]) for r in outbox)
     assert per_wait == Counter({str(w["id"]): 1 for w in waits.values()})
     assert len({r["resolution_id"] for r in outbox}) == len(outbox)
@@ -349,7 +350,7 @@ async def test_three_daemons_one_killed_one_started_mid_load(settings: Settings)
         await eventually(
             lambda: (
                 producing.sent >= producing.total * 0.4
-                and (scalar(settings, "SELECT count(*) FROM matcher.outbox") or 0) > 0
+                and (scalar(settings, "SELECT count(*) FROM matcher.resolutions") or 0) > 0
             ),
             timeout=seconds + 30,
             what="40% of the events sent",

@@ -299,7 +299,7 @@ async def test_replaying_a_duplicate_is_recognised(secure: Settings) -> None:
     assert (same["result"], same["detail"]) == ("duplicate", "")
     assert conflicting["result"] == "duplicate"
     assert "another event is stored under this id" in conflicting["detail"]
-    assert scalar(secure, "SELECT count(*) FROM matcher.outbox") == 1
+    assert scalar(secure, "SELECT count(*) FROM matcher.resolutions") == 1
     stored = "SELECT data FROM matcher.inbox WHERE event_id = %s"
     assert scalar(secure, stored, [event.id]) == {"rows": 7}
 

@@ -146,7 +146,7 @@ class Matching(RuleBasedStateMachine):
         self.loop = asyncio.new_event_loop()
         self.conn = psycopg.connect(url, autocommit=True)
         self.conn.execute(
-            "TRUNCATE matcher.outbox, matcher.launch_audit, matcher.launches, matcher.inbox,"
+            "TRUNCATE matcher.resolutions, matcher.launch_audit, matcher.launches, matcher.inbox,"
             " matcher.event_ids,"
             " matcher.quarantine, matcher.waits, matcher.runs, matcher.match_queue"
         )
@@ -245,7 +245,7 @@ class Matching(RuleBasedStateMachine):
             r["id"]: r
             for r in cur.execute(
                 "SELECT w.id, w.state, w.resolved_by_producer, w.resolved_by_event_id,"
-                " (SELECT count(*) FROM matcher.outbox o WHERE o.wait_id = w.id) AS resumes"
+                " (SELECT count(*) FROM matcher.resolutions o WHERE o.wait_id = w.id) AS resumes"
                 " FROM matcher.waits w"
             )
         }

@@ -108,8 +108,8 @@ async def test_a_failing_handler_in_a_batch_costs_its_neighbours_nothing(
     async with running_daemon(settings):
         runs = await _resolve(settings, 300, "batch")
         await eventually(
-            lambda: scalar(settings, "SELECT count(*) FROM matcher.outbox "
-                                     "WHERE published_at IS NOT NULL") == 300,
+            lambda: scalar(settings, "SELECT count(*) FROM matcher.resolutions "
+                                     "WHERE published") == 300,
             timeout=60, what="the backlog published",
         )  # fmt: skip
     failing = set(runs[::100])
@@ -238,8 +238,8 @@ async def test_a_deleted_resume_topic_strands_no_run(settings: Settings) -> None
     _app(settings)
     async with running_daemon(settings):
         runs = await _resolve(settings, 30, "gone")
-        await eventually(lambda: int(scalar(settings, "SELECT count(*) FROM matcher.outbox "
-                                                      "WHERE published_at IS NOT NULL")) == 30,
+        await eventually(lambda: int(scalar(settings, "SELECT count(*) FROM matcher.resolutions "
+                                                      "WHERE published")) == 30,
                          timeout=60, what="published")  # fmt: skip
     await delete_topics(settings.kafka_client_options(), [settings.resume_topic])
     await ensure_topics(settings.kafka_client_options(), [settings.resume_topic], partitions=1)

@@ -119,8 +119,8 @@ async def test_a_worker_in_plain_sql_does_what_the_sdk_does(
     async with running_daemon(settings):
         _kcat_event(kcat, settings, "sql-job")
         await eventually(
-            lambda: scalar(settings, "SELECT count(*) FROM matcher.outbox "
-                                     "WHERE published_at IS NOT NULL") == 1,
+            lambda: scalar(settings, "SELECT count(*) FROM matcher.resolutions "
+                                     "WHERE published") == 1,
             timeout=60, what="the resume published",
         )  # fmt: skip
     message = _kcat_resume(kcat, settings)

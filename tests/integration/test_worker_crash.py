@@ -85,8 +85,8 @@ async def test_a_worker_killed_anywhere_advances_each_run_once(
         correlations = register_waits(settings, RESUMES, prefix="wcrash")
         await produce(settings, [event(correlation=c) for c in correlations])
         await eventually(
-            lambda: int(scalar(settings, "SELECT count(*) FROM matcher.outbox "
-                                         "WHERE published_at IS NOT NULL")) == RESUMES,
+            lambda: int(scalar(settings, "SELECT count(*) FROM matcher.resolutions "
+                                         "WHERE published")) == RESUMES,
             timeout=120, what="every resume published",
         )  # fmt: skip
     kills = 0

@@ -50,7 +50,7 @@ async def check_exactly_once(settings: Settings, total: int) -> None:
             if advance(conn, resume):
                 advanced[str(resume.wait_id)] = advanced.get(str(resume.wait_id), 0) + 1
     assert advanced == dict.fromkeys(waits, 1)
-    assert scalar(settings, "SELECT count(*) FROM matcher.outbox") == total
+    assert scalar(settings, "SELECT count(*) FROM matcher.resolutions") == total
     assert scalar(settings, "SELECT count(*) FROM matcher.inbox WHERE status = 'pending'") == 0
 
 

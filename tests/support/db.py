@@ -121,9 +121,7 @@ def register_waits(
 
 def published(settings: Settings) -> int:
     """Outbox rows the relay has published."""
-    return int(
-        scalar(settings, "SELECT count(*) FROM matcher.outbox WHERE published_at IS NOT NULL")
-    )
+    return int(scalar(settings, "SELECT count(*) FROM matcher.resolutions WHERE published"))
 
 
 def all_published(settings: Settings, total: int) -> bool:

@@ -127,9 +127,10 @@ def _resume_and_progress(wait: Wait, record: RunRecord) -> list[Entry]:
     entries: list[Entry] = []
     resume = record.resume
     if resume is not None:
-        entries.append(Entry(resume["created_at"], "resume_queued", "resume written to the outbox"))
-        if resume["published_at"] is not None:
-            entries.append(Entry(resume["published_at"], "resume_published", "resume published"))
+        published = "published" if resume["published"] else "not published yet"
+        entries.append(
+            Entry(resume["created_at"], "resume_queued", f"resume committed; {published}")
+        )
     progress = record.progress
     if progress is not None and (
         progress["position"] > wait.position

@@ -2,13 +2,15 @@
 -- stays on an index; tests/integration/test_query_plans.py holds them to it.
 
 -- name: oldest_waiting
--- The oldest waiting waits: the overview computes their verdicts (waits_waiting).
-SELECT id, tenant, run_id, position, event_types, correlation_id, external_job_id, deadline,
-       state, created_at, resolved_at, resolution, resolved_by_producer, resolved_by_event_id,
-       needed, CASE WHEN needed IS NOT NULL THEN matcher.fan_in_json(id) END AS conditions
-FROM matcher.waits
-WHERE state = 'waiting' AND group_id IS NULL
-ORDER BY created_at, id
+-- The oldest waiting waits: the overview computes their verdicts (open_waits_oldest).
+SELECT w.id, w.tenant, w.run_id, w.position, w.event_types, w.correlation_id,
+       w.external_job_id, w.deadline, w.state, w.created_at, w.resolved_at, w.resolution,
+       w.resolved_by_producer, w.resolved_by_event_id, w.needed,
+       CASE WHEN w.needed IS NOT NULL THEN matcher.fan_in_json(w.id) END AS conditions
+FROM matcher.open_waits AS o
+JOIN matcher.waits AS w ON w.id = o.wait_id
+WHERE o.top_level
+ORDER BY o.created_at, o.wait_id
 LIMIT %(limit)s;
 
 -- name: events_of_correlations
@@ -45,23 +47,27 @@ GROUP BY reason
 ORDER BY reason;
 
 -- name: waiting_oldest_first
-SELECT id, tenant, run_id, position, event_types, correlation_id, external_job_id, deadline,
-       state, created_at, resolved_at, resolution, resolved_by_producer, resolved_by_event_id,
-       needed, CASE WHEN needed IS NOT NULL THEN matcher.fan_in_json(id) END AS conditions
-FROM matcher.waits
-WHERE state = 'waiting' AND group_id IS NULL
-  AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
-ORDER BY created_at, id
+SELECT w.id, w.tenant, w.run_id, w.position, w.event_types, w.correlation_id,
+       w.external_job_id, w.deadline, w.state, w.created_at, w.resolved_at, w.resolution,
+       w.resolved_by_producer, w.resolved_by_event_id, w.needed,
+       CASE WHEN w.needed IS NOT NULL THEN matcher.fan_in_json(w.id) END AS conditions
+FROM matcher.open_waits AS o
+JOIN matcher.waits AS w ON w.id = o.wait_id
+WHERE o.top_level
+  AND (%(tenant)s::text IS NULL OR o.tenant = %(tenant)s)
+ORDER BY o.created_at, o.wait_id
 LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: waiting_newest_first
-SELECT id, tenant, run_id, position, event_types, correlation_id, external_job_id, deadline,
-       state, created_at, resolved_at, resolution, resolved_by_producer, resolved_by_event_id,
-       needed, CASE WHEN needed IS NOT NULL THEN matcher.fan_in_json(id) END AS conditions
-FROM matcher.waits
-WHERE state = 'waiting' AND group_id IS NULL
-  AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
-ORDER BY created_at DESC, id
+SELECT w.id, w.tenant, w.run_id, w.position, w.event_types, w.correlation_id,
+       w.external_job_id, w.deadline, w.state, w.created_at, w.resolved_at, w.resolution,
+       w.resolved_by_producer, w.resolved_by_event_id, w.needed,
+       CASE WHEN w.needed IS NOT NULL THEN matcher.fan_in_json(w.id) END AS conditions
+FROM matcher.open_waits AS o
+JOIN matcher.waits AS w ON w.id = o.wait_id
+WHERE o.top_level
+  AND (%(tenant)s::text IS NULL OR o.tenant = %(tenant)s)
+ORDER BY o.created_at DESC, o.wait_id DESC
 LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: waits_by_run

@@ -48,7 +48,8 @@ ORDER BY id DESC
 LIMIT 20;
 
 -- name: outbox_of_wait
-SELECT resolution_id, created_at, published_at FROM matcher.outbox WHERE wait_id = %(wait_id)s;
+SELECT resolution_id, resolved_at AS created_at, published FROM matcher.resolutions
+WHERE wait_id = %(wait_id)s;
 
 -- name: rematch_of_key
 -- Whether the key waits for the rematch pass (a wait not yet checked against stored

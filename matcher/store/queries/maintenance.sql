@@ -53,12 +53,17 @@ ORDER BY c.relname;
 -- name: day_still_needed
 -- An unpublished resume still carries an event of this day: keep the day until the relay
 -- has published it (it reads the event when it builds the message).
+-- Every queued resume is read (the queue is short but for an outage), each wait looked up
+-- by its key (OFFSET 0 keeps the lookup a nested loop, not a scan of all waits).
 SELECT EXISTS (
     SELECT 1
-    FROM matcher.outbox AS o
-    JOIN matcher.waits AS w ON w.id = o.wait_id
-    WHERE o.published_at IS NULL
-      AND w.resolved_by_received_at >= %(starts)s AND w.resolved_by_received_at < %(ends)s
+    FROM matcher.resume_queue AS q
+    CROSS JOIN LATERAL (
+        SELECT 1 FROM matcher.waits AS w
+        WHERE w.id = q.wait_id
+          AND w.resolved_by_received_at >= %(starts)s AND w.resolved_by_received_at < %(ends)s
+        OFFSET 0
+    ) AS in_day
 );
 
 -- name: count_day
@@ -71,11 +76,29 @@ SELECT count(*) FROM {day};
 -- day are deleted: an id seen again since (past the window, so stored as new) is kept.
 -- Returns the last pair of the batch, its size and the ids deleted; none when the day is
 -- done.
+-- The resumes these events resolved (a fan-in wait's, through its condition) get the
+-- digest of their message first: verify_resume_v1 checks them against it once the message
+-- can no longer be rebuilt. Written here, when it becomes needed, not per publication.
 WITH chunk AS (
-    SELECT producer, event_id FROM {day}
+    SELECT producer, event_id, consumed_by FROM {day}
     WHERE (producer, event_id) > (%(after_producer)s::text, %(after_event_id)s::text)
     ORDER BY producer, event_id
     LIMIT %(limit)s
+), digested AS (
+    UPDATE matcher.waits AS w
+    SET resume_sha256 = sha256(convert_to((
+        SELECT matcher.resume_message(w.resolution_id, w.outcome, w, i)::text
+        FROM (SELECT) AS one
+        LEFT JOIN matcher.inbox AS i
+          ON i.producer = w.resolved_by_producer AND i.event_id = w.resolved_by_event_id
+          AND i.received_at = w.resolved_by_received_at
+    ), 'UTF8'))
+    FROM (
+        SELECT DISTINCT coalesce(x.group_id, x.id) AS id
+        FROM chunk AS c JOIN matcher.waits AS x ON x.id = c.consumed_by
+    ) AS r
+    WHERE w.id = r.id AND w.resolution_id IS NOT NULL AND w.resume_sha256 IS NULL
+    RETURNING 1
 ), forgotten AS (
     DELETE FROM matcher.event_ids AS e
     USING chunk AS c
@@ -84,7 +107,7 @@ WITH chunk AS (
     RETURNING 1
 )
 SELECT producer, event_id, (SELECT count(*) FROM chunk) AS n,
-       (SELECT count(*) FROM forgotten) AS deleted
+       (SELECT count(*) FROM forgotten) AS deleted, (SELECT count(*) FROM digested) AS digested
 FROM chunk
 ORDER BY producer DESC, event_id DESC
 LIMIT 1;

@@ -7,14 +7,14 @@
 -- loop is left too: an event stored before the deadline may be about to resolve it (a
 -- wait registered with its event already pending must match).
 WITH candidates AS (
-    (SELECT w.id FROM matcher.waits AS w
-     WHERE w.state = 'waiting' AND w.deadline <= now()
-     ORDER BY w.deadline
+    (SELECT o.wait_id AS id FROM matcher.open_waits AS o
+     WHERE o.deadline <= now()
+     ORDER BY o.deadline
      LIMIT %(limit)s)
     UNION
-    (SELECT w.id FROM matcher.waits AS w
-     WHERE w.state = 'waiting' AND w.heartbeat_due <= now()
-     ORDER BY w.heartbeat_due
+    (SELECT o.wait_id AS id FROM matcher.open_waits AS o
+     WHERE o.heartbeat_due <= now()
+     ORDER BY o.heartbeat_due
      LIMIT %(limit)s)
 ), due AS (
     SELECT w.id,

@@ -1,11 +1,10 @@
 -- name: gauges
 -- Everything the dashboard's gauges need, in one statement. Each part stays on an index:
--- the partial ones on waiting waits, pending events and unpublished outbox rows.
+-- the open waits' table, the partial ones on pending events, the resume queue.
 SELECT
-    (SELECT count(*) FROM matcher.waits
-      WHERE state = 'waiting' AND group_id IS NULL) AS waits_active,
-    (SELECT extract(epoch FROM now() - min(created_at)) FROM matcher.waits
-      WHERE state = 'waiting' AND group_id IS NULL) AS wait_oldest_age,
+    (SELECT count(*) FROM matcher.open_waits WHERE top_level) AS waits_active,
+    (SELECT extract(epoch FROM now() - min(created_at)) FROM matcher.open_waits
+      WHERE top_level) AS wait_oldest_age,
     (SELECT count(*) FROM matcher.inbox WHERE status = 'pending') AS inbox_pending,
     (SELECT extract(epoch FROM now() - min(received_at)) FROM matcher.inbox
       WHERE status = 'pending') AS inbox_oldest_pending_age,
@@ -13,13 +12,14 @@ SELECT
       WHERE i.status = 'pending'
         AND EXISTS (SELECT 1 FROM matcher.waits AS w
                     WHERE w.state = 'waiting' AND w.correlation_id = i.correlation_id
-                      AND (w.tenant <> i.tenant OR NOT i.type = ANY (w.event_types)))
+                      AND (w.tenant <> i.tenant OR NOT i.type = ANY (w.event_types))
+                    OFFSET 0)  -- per pending event, on waits_match
     ) AS mismatches,
-    (SELECT count(*) FROM matcher.outbox WHERE published_at IS NULL) AS outbox_pending,
-    (SELECT extract(epoch FROM now() - min(created_at)) FROM matcher.outbox
-      WHERE published_at IS NULL) AS outbox_oldest_age,
-    (SELECT extract(epoch FROM now() - min(deadline)) FROM matcher.waits
-      WHERE state = 'waiting' AND deadline <= now()) AS sweeper_behind,
+    (SELECT count(*) FROM matcher.resume_queue) AS outbox_pending,
+    (SELECT extract(epoch FROM now() - min(created_at)) FROM matcher.resume_queue)
+      AS outbox_oldest_age,
+    (SELECT extract(epoch FROM now() - min(deadline)) FROM matcher.open_waits
+      WHERE deadline <= now()) AS sweeper_behind,
     (SELECT count(*) FROM matcher.quarantine WHERE replayed_at IS NULL) AS quarantined,
     (SELECT count(*) FROM matcher.worker_failures WHERE parked_at IS NOT NULL) AS worker_parked,
     (SELECT count(*) FROM matcher.worker_failures WHERE parked_at IS NULL) AS worker_failing;
@@ -41,4 +41,5 @@ WHERE i.status = 'pending'
   AND i.received_at >= %(since)s AND i.received_at < %(until)s
   AND EXISTS (SELECT 1 FROM matcher.waits AS w
               WHERE w.state = 'waiting' AND w.correlation_id = i.correlation_id
-                AND (w.tenant <> i.tenant OR NOT i.type = ANY (w.event_types)));
+                AND (w.tenant <> i.tenant OR NOT i.type = ANY (w.event_types))
+              OFFSET 0);  -- per pending event, on waits_match
