@@ -866,17 +866,11 @@ BEGIN
         SELECT DISTINCT u.w FROM unnest(progress_for) AS u(w) WHERE u.w IS NOT NULL
     );
     IF cardinality(progressing) > 0 THEN
-        WITH moved AS (
-            UPDATE matcher.waits AS w
-            SET heartbeat_due = greatest(w.heartbeat_due, now() + w.heartbeat_interval),
-                last_progress_at = now(), version = w.version + 1
-            WHERE w.id = ANY (progressing)
-              AND w.state = 'waiting'
-            RETURNING w.id, w.heartbeat_due
-        )
-        UPDATE matcher.open_waits AS o SET heartbeat_due = m.heartbeat_due
-        FROM moved AS m
-        WHERE o.wait_id = ANY (ARRAY(SELECT id FROM moved)) AND o.wait_id = m.id;
+        UPDATE matcher.waits AS w
+        SET heartbeat_due = greatest(w.heartbeat_due, now() + w.heartbeat_interval),
+            last_progress_at = now(), version = w.version + 1
+        WHERE w.id = ANY (progressing)
+          AND w.state = 'waiting';
     END IF;
 
     -- Invariant 3: the waits resolved, with their resumes queued (the relay is woken at
@@ -932,6 +926,22 @@ BEGIN
     SET token_sha256 = EXCLUDED.token_sha256, created_at = now();
     RETURN token;
 END $$;
+
+
+--
+-- Name: move_open_wait(); Type: FUNCTION; Schema: matcher; Owner: -
+--
+
+CREATE FUNCTION matcher.move_open_wait() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    UPDATE matcher.open_waits
+    SET deadline = NEW.deadline, heartbeat_due = NEW.heartbeat_due
+    WHERE wait_id = NEW.id;
+    RETURN NULL;
+END
+$$;
 
 
 --
@@ -2017,6 +2027,13 @@ CREATE INDEX worker_failures_parked ON matcher.worker_failures USING btree (park
 --
 
 CREATE TRIGGER resume_queue_wakes_relay AFTER INSERT ON matcher.resume_queue FOR EACH STATEMENT EXECUTE FUNCTION matcher.wake_relay();
+
+
+--
+-- Name: waits waits_move_open; Type: TRIGGER; Schema: matcher; Owner: -
+--
+
+CREATE TRIGGER waits_move_open AFTER UPDATE OF deadline, heartbeat_due ON matcher.waits FOR EACH ROW WHEN (((new.state = 'waiting'::text) AND ((old.deadline IS DISTINCT FROM new.deadline) OR (old.heartbeat_due IS DISTINCT FROM new.heartbeat_due)))) EXECUTE FUNCTION matcher.move_open_wait();
 
 
 --

@@ -75,6 +75,24 @@ BEGIN
 END
 $$;
 
+-- A waiting wait's deadline or heartbeat moved (progress events) moves on its open row,
+-- whoever moved it. Only such updates fire it: a resolution sets neither column.
+CREATE FUNCTION matcher.move_open_wait() RETURNS trigger
+    LANGUAGE plpgsql
+AS $$
+BEGIN
+    UPDATE matcher.open_waits
+    SET deadline = NEW.deadline, heartbeat_due = NEW.heartbeat_due
+    WHERE wait_id = NEW.id;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER waits_move_open AFTER UPDATE OF deadline, heartbeat_due ON matcher.waits
+    FOR EACH ROW
+    WHEN (NEW.state = 'waiting' AND (OLD.deadline IS DISTINCT FROM NEW.deadline
+                                     OR OLD.heartbeat_due IS DISTINCT FROM NEW.heartbeat_due))
+    EXECUTE FUNCTION matcher.move_open_wait();
+
 CREATE TABLE matcher.resume_queue (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     wait_id uuid NOT NULL,
@@ -308,8 +326,8 @@ BEGIN
     RETURN envelope -> 'data';
 END $$;
 
--- matcher.ingest_events of migration 0023: the inbox insert without ON CONFLICT, and a
--- wait's heartbeat moved on its open row too (see 0023 and 0016 for the rest).
+-- matcher.ingest_events of migration 0023: the inbox insert without ON CONFLICT (see 0023
+-- and 0016 for the rest).
 CREATE OR REPLACE FUNCTION matcher.ingest_events(
     producers text[],
     event_ids text[],
@@ -543,17 +561,11 @@ BEGIN
         SELECT DISTINCT u.w FROM unnest(progress_for) AS u(w) WHERE u.w IS NOT NULL
     );
     IF cardinality(progressing) > 0 THEN
-        WITH moved AS (
-            UPDATE matcher.waits AS w
-            SET heartbeat_due = greatest(w.heartbeat_due, now() + w.heartbeat_interval),
-                last_progress_at = now(), version = w.version + 1
-            WHERE w.id = ANY (progressing)
-              AND w.state = 'waiting'
-            RETURNING w.id, w.heartbeat_due
-        )
-        UPDATE matcher.open_waits AS o SET heartbeat_due = m.heartbeat_due
-        FROM moved AS m
-        WHERE o.wait_id = ANY (ARRAY(SELECT id FROM moved)) AND o.wait_id = m.id;
+        UPDATE matcher.waits AS w
+        SET heartbeat_due = greatest(w.heartbeat_due, now() + w.heartbeat_interval),
+            last_progress_at = now(), version = w.version + 1
+        WHERE w.id = ANY (progressing)
+          AND w.state = 'waiting';
     END IF;
 
     -- Invariant 3: the waits resolved, with their resumes queued (the relay is woken at

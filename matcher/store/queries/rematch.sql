@@ -101,24 +101,16 @@ SELECT matcher.resolve_waits(
 -- Waits that pending events reported progress on: their heartbeat due time moves on, one
 -- interval from when the event was received (an event stored before its wait was
 -- registered is linked to it, but moves nothing: the wait's first due time is later).
--- Its open row (matcher.open_waits, where the sweeper finds it) moves with it.
-WITH moved AS (
-    UPDATE matcher.waits AS w
-    SET heartbeat_due = greatest(w.heartbeat_due, u.received_at + w.heartbeat_interval),
-        last_progress_at = greatest(w.last_progress_at, u.received_at),
-        version = w.version + 1
-    FROM (
-        SELECT wait_id, max(received_at) AS received_at
-        FROM unnest(%(wait_id)b::uuid[], %(received_at)b::timestamptz[])
-            AS u(wait_id, received_at)
-        GROUP BY wait_id
-    ) AS u
-    WHERE w.id = u.wait_id AND w.state = 'waiting'
-    RETURNING w.id, w.heartbeat_due
-)
-UPDATE matcher.open_waits AS o SET heartbeat_due = m.heartbeat_due
-FROM moved AS m
-WHERE o.wait_id = ANY (ARRAY(SELECT id FROM moved)) AND o.wait_id = m.id;
+-- (Its open row, where the sweeper finds it, moves with it: trigger waits_move_open.)
+UPDATE matcher.waits AS w
+SET heartbeat_due = greatest(w.heartbeat_due, u.received_at + w.heartbeat_interval),
+    last_progress_at = greatest(w.last_progress_at, u.received_at), version = w.version + 1
+FROM (
+    SELECT wait_id, max(received_at) AS received_at
+    FROM unnest(%(wait_id)b::uuid[], %(received_at)b::timestamptz[]) AS u(wait_id, received_at)
+    GROUP BY wait_id
+) AS u
+WHERE w.id = u.wait_id AND w.state = 'waiting';
 
 -- name: queue_keys
 -- Keys whose waits were busy, left to a later pass; the loop is woken at commit.
