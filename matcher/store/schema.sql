@@ -691,19 +691,29 @@ BEGIN
     ) AS keys;
 
     -- Invariant 1: the ids not stored before come back, claimed by this transaction; an id
-    -- another batch claimed and has not committed makes this wait for its end. Sorted,
-    -- after the sorted key locks, so two batches sharing ids wait in one direction only.
-    WITH claimed AS (
-        INSERT INTO matcher.event_ids (producer, event_id)
-        SELECT p, e
-        FROM unnest(ingest_events.producers, ingest_events.event_ids) AS u(p, e)
-        ORDER BY p, e
-        ON CONFLICT DO NOTHING
-        RETURNING producer, event_id
-    )
-    SELECT coalesce(array_agg(producer), '{}'), coalesce(array_agg(event_id), '{}')
-    INTO claimed_producers, claimed_event_ids
-    FROM claimed;
+    -- another batch claimed and has not committed makes this wait for its end (the primary
+    -- key's check), and then retry the batch, which sees it stored: what ON CONFLICT DO
+    -- NOTHING did, without the confirm record it writes for every row (migration 0026).
+    -- Sorted, after the sorted key locks, so two batches sharing ids wait in one direction
+    -- only.
+    BEGIN
+        WITH claimed AS (
+            INSERT INTO matcher.event_ids (producer, event_id)
+            SELECT DISTINCT u.p, u.e
+            FROM unnest(ingest_events.producers, ingest_events.event_ids) AS u(p, e)
+            WHERE NOT EXISTS (
+                SELECT 1 FROM matcher.event_ids AS x WHERE x.producer = u.p AND x.event_id = u.e
+            )
+            ORDER BY u.p, u.e
+            RETURNING producer, event_id
+        )
+        SELECT coalesce(array_agg(producer), '{}'), coalesce(array_agg(event_id), '{}')
+        INTO claimed_producers, claimed_event_ids
+        FROM claimed;
+    EXCEPTION WHEN unique_violation THEN
+        RAISE EXCEPTION 'an event id of the batch was claimed by a concurrent batch'
+            USING ERRCODE = 'serialization_failure';
+    END;
 
     -- The decision (see above): one row per event of the batch.
     WITH batch AS (

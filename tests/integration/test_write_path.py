@@ -4,6 +4,7 @@ only what is still to do, and the relay's claim deletes what it publishes."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from typing import Any
 
@@ -32,11 +33,12 @@ def _register(conn: psycopg.Connection[Any], count: int) -> list[tuple[str, str]
     return keys
 
 
-def _ingest(conn: psycopg.Connection[Any], keys: list[tuple[str, str]]) -> Any:
+def _params(keys: list[tuple[str, str]], event_ids: list[str] | None = None) -> dict[str, Any]:
+    """matcher.ingest_events' arguments for events of these keys."""
     count = len(keys)
-    params = {
+    return {
         "producer": ["p"] * count,
-        "event_id": [f"e-{uuid.uuid4().hex}" for _ in keys],
+        "event_id": event_ids or [f"e-{uuid.uuid4().hex}" for _ in keys],
         "tenant": [t for t, _ in keys],
         "type": ["done"] * count,
         "correlation_id": [c for _, c in keys],
@@ -48,8 +50,11 @@ def _ingest(conn: psycopg.Connection[Any], keys: list[tuple[str, str]]) -> Any:
         "data": [Jsonb({"ok": True})] * count,
         "trace_parent": [None] * count,
     }
+
+
+def _ingest(conn: psycopg.Connection[Any], keys: list[tuple[str, str]]) -> Any:
     with conn.transaction():
-        return conn.execute(query("ingest", "ingest_events"), params).fetchone()
+        return conn.execute(query("ingest", "ingest_events"), _params(keys)).fetchone()
 
 
 def _updates(url: str) -> tuple[int, int]:
@@ -127,3 +132,56 @@ def test_no_waits_index_names_a_column_a_resolution_changes(db_url: str) -> None
     assert offending == [], f"indexes naming a resolved column: {offending}"
     assert fillfactor is not None
     assert "fillfactor=50" in (fillfactor[0] or [])
+
+
+def test_an_id_claimed_by_a_concurrent_batch_is_retried_then_a_duplicate(db_url: str) -> None:
+    """The id claim has no ON CONFLICT: a batch claiming an id another batch claimed and
+    has not committed waits for it, then fails as a serialization failure (which the
+    daemon retries), and the retry finds a duplicate. Keys differ, so no key lock orders
+    the two batches; only the id does."""
+    event_id = f"e-{uuid.uuid4().hex}"
+    with (
+        psycopg.connect(db_url, autocommit=True) as first,
+        psycopg.connect(db_url, autocommit=True) as second,
+    ):
+        first.execute("BEGIN")
+        first.execute(query("ingest", "ingest_events"), _params([("t1", "k-1")], [event_id]))
+        second.execute("SET lock_timeout = '20s'")
+        failure: list[BaseException] = []
+
+        def claim() -> None:
+            try:
+                with second.transaction():
+                    second.execute(
+                        query("ingest", "ingest_events"), _params([("t1", "k-2")], [event_id])
+                    )
+            except psycopg.Error as exc:
+                failure.append(exc)
+
+        racing = threading.Thread(target=claim)
+        racing.start()
+        _until_waiting(db_url, second.info.backend_pid)
+        first.execute("COMMIT")
+        racing.join(timeout=30)
+        assert not racing.is_alive()
+        assert len(failure) == 1
+        assert isinstance(failure[0], psycopg.errors.SerializationFailure), failure
+        with second.transaction():
+            row = second.execute(
+                query("ingest", "ingest_events"), _params([("t1", "k-2")], [event_id])
+            ).fetchone()
+    assert row is not None
+    assert (row[0], row[1]) == (0, 1), f"the retry sees a duplicate: {row}"
+
+
+def _until_waiting(url: str, pid: int) -> None:
+    """Until backend ``pid`` waits for a lock (bounded)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        for _ in range(2000):
+            row = conn.execute(
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid]
+            ).fetchone()
+            if row is not None and row[0] == "Lock":
+                return
+            conn.execute("SELECT pg_sleep(0.01)")
+    raise AssertionError("the second batch never waited for the first")
