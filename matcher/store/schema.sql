@@ -1861,7 +1861,7 @@ ALTER TABLE ONLY matcher.worker_failures
 -- Name: inbox_by_correlation; Type: INDEX; Schema: matcher; Owner: -
 --
 
-CREATE INDEX inbox_by_correlation ON ONLY matcher.inbox USING btree (correlation_id);
+CREATE INDEX inbox_by_correlation ON ONLY matcher.inbox USING btree (correlation_id) WHERE (status <> 'consumed'::text);
 
 
 --
