@@ -172,7 +172,16 @@ async def test_one_event_id_in_concurrent_batches_is_stored_once(settings: Setti
                         offset + 10 * n + 9,
                     )
                 )
-                await store_batch(conn, batch)
+                # A batch that met another's uncommitted claim of the id fails as a
+                # serialization failure and is retried, as the daemon's batch writer does.
+                for _ in range(20):
+                    try:
+                        await store_batch(conn, batch)
+                        break
+                    except psycopg.errors.SerializationFailure:
+                        continue
+                else:
+                    raise AssertionError("a batch kept failing")
 
     await asyncio.gather(deliver("a", 0), deliver("b", 100_000), deliver("c", 200_000))
     copies = rows(
@@ -278,3 +287,49 @@ async def test_ingest_creates_a_missing_day_instead_of_refusing_events(
     assert scalar(settings, "SELECT state FROM matcher.waits") == "matched"
     assert _day_of(settings, 0) in _attached_days(settings)
     assert "the inbox has no partition for today" in caplog.text  # ingest did it
+
+
+async def test_a_resume_still_verifies_after_its_events_day_is_dropped(
+    settings: Settings,
+) -> None:
+    """The relay records nothing when it publishes (its mark is the queue row's delete):
+    the janitor records each resume's digest on its wait before it drops the day of the
+    event that resolved it, so verify_resume_v1 still accepts the resume as published,
+    and nothing else, once the message can no longer be rebuilt."""
+    url = settings.database_url.get_secret_value()
+    ensure_inbox_days(settings, 17)
+    correlations = register_waits(settings, 3, prefix="gone")
+    arrived = [event(correlation=c) for c in correlations]
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute("DELETE FROM matcher.match_queue")  # decided by ingest itself
+        await store_batch(conn, [ingest_record(e, n) for n, e in enumerate(arrived)])
+    _age(settings, arrived, 16)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE matcher.waits AS w SET resolved_by_received_at = i.received_at"
+            " FROM matcher.inbox AS i WHERE i.consumed_by = w.id"
+        )
+        with conn.transaction():  # the relay's claim, committed as after Kafka's ack
+            published = [
+                r[5] for r in conn.execute(query("outbox", "claim_unpublished"), {"limit": 10})
+            ]
+    assert len(published) == 3
+    assert [_verified(url, m) for m in published] == [True] * 3  # rebuilt from the event
+    assert await drop_expired_days(url, timedelta(days=15)) == 3
+    assert [_verified(url, m) for m in published] == [True] * 3  # by the recorded digest
+    forged = published[0].replace('"deadline" : null', '"deadline" : "2030-01-01T00:00:00Z"')
+    assert forged != published[0]
+    assert not _verified(url, forged)
+    assert scalar(settings, "SELECT count(*) FROM matcher.waits WHERE resume_sha256 IS NULL"
+                  " AND resolution_id IS NOT NULL") == 0  # fmt: skip
+
+
+def _verified(url: str, message: str) -> bool:
+    with psycopg.connect(url, autocommit=True) as conn:
+        try:
+            conn.execute("SELECT matcher.verify_resume_v1(%s)", [message])
+        except psycopg.Error as exc:
+            if exc.sqlstate != "MR001":
+                raise
+            return False
+    return True
