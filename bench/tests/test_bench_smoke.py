@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -86,6 +87,23 @@ def test_bench_smoke_produces_every_figure(services: Services, tmp_path: Path) -
     assert 0 <= figures["latency_200_kafka_jit_pct"] <= 100 * (os.cpu_count() or 1)
     # The hypervisor's share of the machine's CPU meanwhile (/proc/stat, any Linux).
     assert 0 <= figures["latency_200_cpu_steal_pct"] <= 100
+    _check_write_path(results, (tmp_path / "results.md").read_text())
     assert "us of CPU per event" in (tmp_path / "results.md").read_text()
     assert (tmp_path / "results.md").read_text().startswith("| figure |")
     assert (tmp_path / "results.png").stat().st_size > 10_000
+
+
+def _check_write_path(results: dict[str, Any], markdown: str) -> None:
+    """What Postgres wrote and spent per event (bench/write_path.py), the daemon's and the
+    pipe's: an event's inbox row alone is several WAL records and most of a kilobyte."""
+    for phase in ("matcher", "pipe"):
+        measured = results["write_path"][phase]
+        assert measured["wal_records_per_event"] > 3, phase
+        assert measured["wal_bytes_per_event"] > 500, phase
+        assert measured["wal_lsn_bytes_per_event"] > 500, phase
+        assert measured["wal_fpi_per_event"] >= 0, phase
+        assert measured["server_us_per_event"] > 0, phase
+    matcher, pipe = results["write_path"]["matcher"], results["write_path"]["pipe"]
+    assert matcher["wal_records_per_event"] > pipe["wal_records_per_event"]
+    assert len(results["write_path_targets"]) == 3
+    assert "| WAL records per event |" in markdown
