@@ -418,7 +418,7 @@ async def r_pipe(
     first batch on (the client is this process); ``wal_use``, what Postgres wrote and
     spent per event (bench.write_path), until its connection is gone."""
     url = env.fresh_db()
-    wal_before = write_path.read(url) if wal_use is not None else None
+    wal_before = write_path.read(url, before=True) if wal_use is not None else None
     meter = cpu.Meter({**env.server_cpu, "client": cpu.own_cpu_s}, time.perf_counter)
     async with await psycopg.AsyncConnection.connect(url) as conn:
 
@@ -588,7 +588,7 @@ async def r_matcher(
     else:
         await register_waits(url, correlations)
     want = len(events) // 2 if fan_in else len(events)
-    wal_before = write_path.read(url) if wal_use is not None else None
+    wal_before = write_path.read(url, before=True) if wal_use is not None else None
     resumes = await env.topic("resumes")
     if kept is not None:  # for the worker's measurement after this one
         kept.update(url=url, resumes=resumes)

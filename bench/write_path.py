@@ -38,9 +38,19 @@ WAL_SQL = (
     "SELECT wal_records, wal_fpi, wal_bytes, pg_current_wal_insert_lsn() - '0/0'::pg_lsn"
     " FROM pg_stat_wal"
 )
+THIS_DB = "(SELECT oid FROM pg_database WHERE datname = current_database())"
 STATEMENTS_SQL = (
-    "SELECT coalesce(sum(total_exec_time + total_plan_time), 0) FROM pg_stat_statements"
-    " WHERE toplevel AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    "SELECT coalesce(sum(total_exec_time + total_plan_time), 0),"
+    " (SELECT dealloc FROM pg_stat_statements_info)"
+    f" FROM pg_stat_statements WHERE toplevel AND dbid = {THIS_DB}"
+)
+# Before a phase: its database's entries so far, and those of the databases dropped since
+# (no one can read them), go, so that the table's 5,000 entries (by default) are not
+# full and none of the phase's is evicted while it runs.
+FORGET_SQL = (
+    "SELECT pg_stat_statements_reset(0, dbid, 0) FROM (SELECT DISTINCT dbid"
+    f" FROM pg_stat_statements WHERE dbid = {THIS_DB}"
+    " OR dbid NOT IN (SELECT oid FROM pg_database)) AS gone"
 )
 OTHERS_SQL = (
     "SELECT count(*) FROM pg_stat_activity"
@@ -62,11 +72,13 @@ class Reading:
     wal_bytes: int  # pg_stat_wal's: the records' own sizes
     wal_lsn: int  # the insert position in bytes: page headers and alignment too
     server_ms: float | None  # None: pg_stat_statements is not readable here
+    evictions: int = 0  # pg_stat_statements_info.dealloc
 
 
 def per_event(before: Reading, after: Reading, events: int) -> dict[str, float]:
     """The deltas from ``before`` to ``after`` over ``events``; the server's time in
-    microseconds, left out when either reading lacks it."""
+    microseconds, left out when either reading lacks it or entries were evicted between
+    them (a phase's statements may have been among them)."""
     if events <= 0:
         raise ValueError(f"a phase of {events} events")
     out = {
@@ -75,7 +87,11 @@ def per_event(before: Reading, after: Reading, events: int) -> dict[str, float]:
         "wal_lsn_bytes_per_event": (after.wal_lsn - before.wal_lsn) / events,
         "wal_fpi_per_event": (after.wal_fpi - before.wal_fpi) / events,
     }
-    if before.server_ms is not None and after.server_ms is not None:
+    if (
+        before.server_ms is not None
+        and after.server_ms is not None
+        and before.evictions == after.evictions
+    ):
         out["server_us_per_event"] = 1000 * (after.server_ms - before.server_ms) / events
     return out
 
@@ -141,19 +157,24 @@ def untracked(conn: psycopg.Connection[Any]) -> None:
         conn.execute("SET pg_stat_statements.track = 'none'")
 
 
-def read(url: str) -> Reading:
+def read(url: str, before: bool = False) -> Reading:
     """The counters, once the phase's database at ``url`` has no other connection and
-    pg_stat_wal stands still."""
+    pg_stat_wal stands still; ``before`` a phase, its database's statements so far are
+    forgotten first (FORGET_SQL)."""
     with psycopg.connect(url, autocommit=True) as conn:
         untracked(conn)
         _until(lambda: _scalar(conn, OTHERS_SQL) == 0, GONE_TIMEOUT_S)
-        wal = _still_wal(conn)
+        if before:
+            with contextlib.suppress(psycopg.Error):
+                conn.execute(FORGET_SQL)
+        records, fpi, wal_bytes, lsn = _still_wal(conn)
         try:
-            server_ms: float | None = float(_scalar(conn, STATEMENTS_SQL))
+            row = conn.execute(STATEMENTS_SQL).fetchone()
         except psycopg.Error:
-            server_ms = None
-    records, fpi, wal_bytes, lsn = wal
-    return Reading(records, fpi, wal_bytes, lsn, server_ms)
+            row = None
+    if row is None:
+        return Reading(records, fpi, wal_bytes, lsn, None)
+    return Reading(records, fpi, wal_bytes, lsn, float(row[0]), int(row[1]))
 
 
 def _scalar(conn: psycopg.Connection[Any], query: str) -> Any:

@@ -46,6 +46,16 @@ def test_the_servers_time_is_left_out_when_a_reading_lacks_it() -> None:
     assert figures["wal_records_per_event"] == 1.0
 
 
+def test_the_servers_time_is_left_out_when_entries_were_evicted_meanwhile() -> None:
+    before = Reading(0, 0, 0, 0, server_ms=1.0, evictions=2)
+    assert "server_us_per_event" not in write_path.per_event(
+        before, Reading(10, 0, 1000, 1100, server_ms=5.0, evictions=3), 10
+    )
+    assert write_path.per_event(before, Reading(10, 0, 1000, 1100, server_ms=5.0, evictions=2), 10)[
+        "server_us_per_event"
+    ] == pytest.approx(400.0)
+
+
 def test_a_phase_without_events_is_refused() -> None:
     reading = Reading(0, 0, 0, 0, None)
     with pytest.raises(ValueError, match="0 events"):
