@@ -74,9 +74,9 @@ def _cpu_rows(f: dict[str, Any]) -> list[str]:
 # What Postgres wrote and spent per event (bench/write_path.py): figure -> (label, format).
 WRITE_PATH = {
     "wal_records_per_event": ("WAL records per event", ".1f"),
-    "wal_bytes_per_event": ("WAL bytes per event", ",.0f"),
-    "wal_lsn_bytes_per_event": ("WAL bytes per event, by the insert position", ",.0f"),
-    "wal_fpi_per_event": ("full-page images per event", ".3f"),
+    "wal_bytes_per_event": ("WAL bytes per event (the records')", ",.0f"),
+    "wal_lsn_bytes_per_event": ("WAL bytes per event (the insert position's move)", ",.0f"),
+    "wal_fpi_bytes_per_event": ("of which full-page images", ",.0f"),
     "server_us_per_event": ("Postgres' time per event (top-level statements)", ",.1f"),
 }
 

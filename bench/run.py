@@ -146,7 +146,8 @@ class Env:
         self.databases: list[str] = []
         self.preloaded: dict[int, str] = {}  # rows of history -> its template's name
         self.topics: list[str] = []
-        self.statements = False  # pg_stat_statements readable in the phases' databases
+        # The extensions bench.write_path reads, and whether the phases' databases have them.
+        self.extensions: dict[str, bool] = {}
         # The CPU of the Postgres and Kafka servers, where they run on this machine.
         self.server_cpu = cpu.server_readers(self.admin_url, self.kafka)
         # The broker's process, where its JIT compiler can be read (bench/jit.py).
@@ -168,9 +169,9 @@ class Env:
     def setup(self) -> None:
         self.admin(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.template)))
         migrate(self.url(self.template))
-        # Every phase's database is a copy of the template: the server's time per event
-        # is read there (bench.write_path).
-        self.statements = write_path.enable(self.url(self.template))
+        # Every phase's database is a copy of the template: the WAL and the server's time
+        # per event are read there (bench.write_path).
+        self.extensions = write_path.enable(self.url(self.template))
 
     def fresh_db(self, preload_rows: int = 0) -> str:
         """A new database for the next measurement, holding ``preload_rows`` of history
@@ -433,7 +434,7 @@ async def r_pipe(
         if cpu_use is not None:
             cpu_use.update(meter.stop().us_per_event(n))
     if wal_before is not None and wal_use is not None:
-        wal_use.update(write_path.per_event(wal_before, write_path.read(url), n))
+        wal_use.update(write_path.measure(url, wal_before, n))
     return rate
 
 
@@ -613,7 +614,7 @@ async def r_matcher(
         for daemon in running:
             daemon.stop()
     if wal_before is not None and wal_use is not None:  # the daemons' backends gone first
-        wal_use.update(write_path.per_event(wal_before, write_path.read(url), len(events)))
+        wal_use.update(write_path.measure(url, wal_before, len(events)))
     # Timed like r_kafka and r_pipe: from the first batch consumed (the first inbox row's
     # transaction), not from process start, so the group join is excluded for all of them.
     return len(events) / (finished - _first_stored(url, topic)), rss
@@ -1035,10 +1036,14 @@ PEER_NOTE = (
 )
 
 
-WRITE_PATH_UNTIMED = (
-    "write_path: server_us_per_event not measured (pg_stat_statements could not be created"
-    " in the benchmark's databases: the server must preload it, and the role create it)"
-)
+WRITE_PATH_MISSING = {
+    "pg_stat_statements": "write_path: server_us_per_event not measured (pg_stat_statements"
+    " could not be created in the benchmark's databases: the server must preload it, and"
+    " the role create it)",
+    "pg_walinspect": "write_path: wal_records_per_event, wal_bytes_per_event and"
+    " wal_fpi_bytes_per_event not measured (pg_walinspect could not be created in the"
+    " benchmark's databases, or the role may not read the WAL); wal_lsn_bytes_per_event is",
+}
 
 
 def _median(values: list[float]) -> float:
@@ -1479,8 +1484,9 @@ async def run(plan: Plan, out_dir: Path) -> Path:
     results.write_path_targets = write_path.targets(
         results.write_path, ratios.get("matcher_over_pipe")
     )
-    if not env.statements:
-        results.notes.append(WRITE_PATH_UNTIMED)
+    results.notes += [
+        WRITE_PATH_MISSING[name] for name, usable in env.extensions.items() if not usable
+    ]
     from bench.report import write_reports
 
     return write_reports(results.__dict__, out_dir)

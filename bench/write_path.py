@@ -1,13 +1,16 @@
-"""What Postgres writes and spends per event: the WAL (pg_stat_wal and the WAL's insert
-position) and the server's time on top-level statements (pg_stat_statements), read right
-before a throughput phase's work starts and after it ends, as deltas per event.
+"""What Postgres writes and spends per event: the WAL written (the WAL's insert position,
+and its records read back with pg_walinspect) and the server's time on top-level
+statements (pg_stat_statements), from right before a throughput phase's work starts to
+after it ends, per event.
 
-pg_stat_wal and the WAL's position are the whole server's: a phase is measured while the
-benchmark does nothing else. A backend's counters reach pg_stat_wal when it flushes its
-statistics (at most about a second late, and when it exits), so a reading first waits for
-every other connection to the phase's database to be gone, then for pg_stat_wal to stand
-still. pg_stat_statements is read for the phase's database only; the benchmark's own
-connections leave theirs out of it (``untracked``), where its role may.
+The WAL is the whole server's: a phase is measured while the benchmark does nothing else.
+Its range is read back from the WAL itself, not from pg_stat_wal, whose counters each
+backend adds when it flushes its statistics (a second late at most, or when it exits: a
+backend of another database that exited during a phase added work done before it). Each
+reading first waits for every other connection to the phase's database to be gone (the
+daemon's last writes are then in the range). pg_stat_statements is read for the phase's
+database only; the benchmark's own connections leave theirs out of it (``untracked``),
+where its role may.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ FIGURES = (
     "wal_records_per_event",
     "wal_bytes_per_event",
     "wal_lsn_bytes_per_event",
-    "wal_fpi_per_event",
+    "wal_fpi_bytes_per_event",
     "server_us_per_event",
 )
 PHASES = ("matcher", "pipe")  # r_matcher, and the pipe's floor r_pipe
@@ -34,10 +37,7 @@ WAL_RECORDS_TARGET = 12.0
 WAL_BYTES_TARGET = 1700.0
 PIPE_SHARE_TARGET = 0.8
 
-WAL_SQL = (
-    "SELECT wal_records, wal_fpi, wal_bytes, pg_current_wal_insert_lsn() - '0/0'::pg_lsn"
-    " FROM pg_stat_wal"
-)
+EXTENSIONS = ("pg_stat_statements", "pg_walinspect")
 THIS_DB = "(SELECT oid FROM pg_database WHERE datname = current_database())"
 STATEMENTS_SQL = (
     "SELECT coalesce(sum(total_exec_time + total_plan_time), 0),"
@@ -56,37 +56,53 @@ OTHERS_SQL = (
     "SELECT count(*) FROM pg_stat_activity"
     " WHERE datname = current_database() AND pid <> pg_backend_pid()"
 )
-# How long a reading waits for the phase's other connections to go, and for pg_stat_wal
-# to stand still (the exited backends' last counters flushed).
+LSN_SQL = "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn"
+# The records between two positions: how many, their sizes (as pg_stat_wal counts them:
+# without page headers and alignment), and the full-page images' share of them.
+RECORDS_SQL = (
+    "SELECT coalesce(sum(count), 0), coalesce(sum(combined_size), 0), coalesce(sum(fpi_size), 0)"
+    " FROM pg_get_wal_stats('0/0'::pg_lsn + %s::numeric, '0/0'::pg_lsn + %s::numeric)"
+)
+FLUSHED_SQL = "SELECT pg_current_wal_flush_lsn() - '0/0'::pg_lsn >= %s::numeric"
+# How long a reading waits for the phase's other connections to go, and for the WAL to
+# be flushed up to its end (pg_walinspect reads only flushed WAL).
 GONE_TIMEOUT_S = 15.0
-STILL_TIMEOUT_S = 3.0
+FLUSHED_TIMEOUT_S = 5.0
 POLL_S = 0.05
 
 
 @dataclass(frozen=True)
 class Reading:
-    """The server's counters at one moment."""
+    """The server at one moment."""
 
-    wal_records: int
-    wal_fpi: int
-    wal_bytes: int  # pg_stat_wal's: the records' own sizes
-    wal_lsn: int  # the insert position in bytes: page headers and alignment too
+    wal_lsn: int  # the WAL's insert position, in bytes
     server_ms: float | None  # None: pg_stat_statements is not readable here
     evictions: int = 0  # pg_stat_statements_info.dealloc
 
 
-def per_event(before: Reading, after: Reading, events: int) -> dict[str, float]:
-    """The deltas from ``before`` to ``after`` over ``events``; the server's time in
-    microseconds, left out when either reading lacks it or entries were evicted between
-    them (a phase's statements may have been among them)."""
+@dataclass(frozen=True)
+class Records:
+    """The WAL records between two readings (pg_walinspect)."""
+
+    count: int
+    size: int  # the records' own bytes, full-page images included
+    fpi_size: int  # of which full-page images
+
+
+def per_event(
+    before: Reading, after: Reading, records: Records | None, events: int
+) -> dict[str, float]:
+    """What was written and spent from ``before`` to ``after`` over ``events``: the records
+    (left out without pg_walinspect), the distance the WAL's position moved, and the
+    server's time in microseconds (left out when either reading lacks it, or entries were
+    evicted between them: a phase's statements may have been among them)."""
     if events <= 0:
         raise ValueError(f"a phase of {events} events")
-    out = {
-        "wal_records_per_event": (after.wal_records - before.wal_records) / events,
-        "wal_bytes_per_event": (after.wal_bytes - before.wal_bytes) / events,
-        "wal_lsn_bytes_per_event": (after.wal_lsn - before.wal_lsn) / events,
-        "wal_fpi_per_event": (after.wal_fpi - before.wal_fpi) / events,
-    }
+    out = {"wal_lsn_bytes_per_event": (after.wal_lsn - before.wal_lsn) / events}
+    if records is not None:
+        out["wal_records_per_event"] = records.count / events
+        out["wal_bytes_per_event"] = records.size / events
+        out["wal_fpi_bytes_per_event"] = records.fpi_size / events
     if (
         before.server_ms is not None
         and after.server_ms is not None
@@ -137,16 +153,22 @@ def targets(
     }
 
 
-def enable(url: str) -> bool:
-    """pg_stat_statements in the database at ``url`` (the template every phase's database
-    is copied from): whether it could be created (it needs the server to preload it)."""
-    try:
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+def enable(url: str) -> dict[str, bool]:
+    """pg_stat_statements and pg_walinspect in the database at ``url`` (the template every
+    phase's database is copied from): whether each could be created (the first needs the
+    server to preload it; both, a role allowed to create and use them)."""
+    created = {}
+    with psycopg.connect(url, autocommit=True) as conn:
+        for name in EXTENSIONS:
+            try:
+                conn.execute(f"CREATE EXTENSION IF NOT EXISTS {name}")
+                created[name] = True
+            except psycopg.Error:
+                created[name] = False
+        with contextlib.suppress(psycopg.Error):
             conn.execute(STATEMENTS_SQL).fetchone()
-    except psycopg.Error:
-        return False
-    return True
+            return created
+    return created | {"pg_stat_statements": False}
 
 
 def untracked(conn: psycopg.Connection[Any]) -> None:
@@ -157,50 +179,50 @@ def untracked(conn: psycopg.Connection[Any]) -> None:
         conn.execute("SET pg_stat_statements.track = 'none'")
 
 
+def measure(url: str, before: Reading, events: int) -> dict[str, float]:
+    """The phase at ``url`` that began at ``before``, ended: its figures per event."""
+    after = read(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        records = _records(conn, before.wal_lsn, after.wal_lsn)
+    return per_event(before, after, records, events)
+
+
 def read(url: str, before: bool = False) -> Reading:
-    """The counters, once the phase's database at ``url`` has no other connection and
-    pg_stat_wal stands still; ``before`` a phase, its database's statements so far are
-    forgotten first (FORGET_SQL)."""
+    """The server's position, once the phase's database at ``url`` has no other
+    connection; ``before`` a phase, its database's statements so far are forgotten first
+    (FORGET_SQL)."""
     with psycopg.connect(url, autocommit=True) as conn:
         untracked(conn)
         _until(lambda: _scalar(conn, OTHERS_SQL) == 0, GONE_TIMEOUT_S)
         if before:
             with contextlib.suppress(psycopg.Error):
                 conn.execute(FORGET_SQL)
-        records, fpi, wal_bytes, lsn = _still_wal(conn)
+        lsn = int(_scalar(conn, LSN_SQL))
         try:
             row = conn.execute(STATEMENTS_SQL).fetchone()
         except psycopg.Error:
             row = None
     if row is None:
-        return Reading(records, fpi, wal_bytes, lsn, None)
-    return Reading(records, fpi, wal_bytes, lsn, float(row[0]), int(row[1]))
+        return Reading(lsn, None)
+    return Reading(lsn, float(row[0]), int(row[1]))
 
 
-def _scalar(conn: psycopg.Connection[Any], query: str) -> Any:
-    row = conn.execute(query).fetchone()
+def _records(conn: psycopg.Connection[Any], start: int, end: int) -> Records | None:
+    """The records from ``start`` to ``end`` (None: pg_walinspect is not usable here)."""
+    untracked(conn)
+    _until(lambda: bool(_scalar(conn, FLUSHED_SQL, end)), FLUSHED_TIMEOUT_S)
+    try:
+        row = conn.execute(RECORDS_SQL, [start, end]).fetchone()
+    except psycopg.Error:
+        return None
+    assert row is not None
+    return Records(int(row[0]), int(row[1]), int(row[2]))
+
+
+def _scalar(conn: psycopg.Connection[Any], query: str, *params: Any) -> Any:
+    row = conn.execute(query, list(params) or None).fetchone()
     assert row is not None
     return row[0]
-
-
-def _wal(conn: psycopg.Connection[Any]) -> tuple[int, int, int, int]:
-    conn.execute("SELECT pg_stat_force_next_flush()")
-    row = conn.execute(WAL_SQL).fetchone()
-    assert row is not None
-    return int(row[0]), int(row[1]), int(row[2]), int(row[3])
-
-
-def _still_wal(conn: psycopg.Connection[Any]) -> tuple[int, int, int, int]:
-    """pg_stat_wal once two readings a poll apart agree (or the timeout's last one)."""
-    last = _wal(conn)
-    deadline = time.monotonic() + STILL_TIMEOUT_S
-    while time.monotonic() < deadline:
-        time.sleep(POLL_S)
-        now = _wal(conn)
-        if now[:3] == last[:3]:
-            return now
-        last = now
-    return last
 
 
 def _until(done: Callable[[], bool], timeout_s: float) -> None:

@@ -108,7 +108,7 @@ def _check_write_path(results: dict[str, Any], markdown: str, url: str) -> None:
         assert measured["wal_records_per_event"] > 3, phase
         assert measured["wal_bytes_per_event"] > 500, phase
         assert measured["wal_lsn_bytes_per_event"] > 500, phase
-        assert measured["wal_fpi_per_event"] >= 0, phase
+        assert measured["wal_fpi_bytes_per_event"] >= 0, phase
         assert not timed or measured["server_us_per_event"] > 0, phase
     matcher, pipe = results["write_path"]["matcher"], results["write_path"]["pipe"]
     assert matcher["wal_records_per_event"] > pipe["wal_records_per_event"]

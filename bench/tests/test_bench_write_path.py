@@ -1,6 +1,6 @@
-"""What Postgres writes and spends per event (bench/write_path.py): the deltas of two
-readings over a phase's events, the medians of the repetitions per phase, the issue's
-targets on them, and their table in the report."""
+"""What Postgres writes and spends per event (bench/write_path.py): a phase's records and
+positions over its events, the medians of the repetitions per phase, the issue's targets
+on them, and their table in the report."""
 
 from __future__ import annotations
 
@@ -10,56 +10,49 @@ import pytest
 
 from bench import write_path
 from bench.report import _markdown
-from bench.write_path import Reading
+from bench.write_path import Reading, Records
 
 
 def _median(values: list[float]) -> float:
     return float(statistics.median(values))
 
 
-def test_the_deltas_are_divided_by_the_phases_events() -> None:
-    before = Reading(wal_records=1000, wal_fpi=3, wal_bytes=50_000, wal_lsn=80_000, server_ms=2.0)
-    after = Reading(
-        wal_records=1000 + 4000 * 12,
-        wal_fpi=3 + 40,
-        wal_bytes=50_000 + 4000 * 1700,
-        wal_lsn=80_000 + 4000 * 1750,
-        server_ms=2.0 + 4000 * 0.2,
-    )
-    figures = write_path.per_event(before, after, 4000)
+def test_a_phases_writes_and_time_are_divided_by_its_events() -> None:
+    before = Reading(wal_lsn=80_000, server_ms=2.0)
+    after = Reading(wal_lsn=80_000 + 4000 * 1750, server_ms=2.0 + 4000 * 0.2)
+    records = Records(count=4000 * 12, size=4000 * 1700, fpi_size=4000 * 100)
+    figures = write_path.per_event(before, after, records, 4000)
     assert figures == pytest.approx(
         {
             "wal_records_per_event": 12.0,
             "wal_bytes_per_event": 1700.0,
             "wal_lsn_bytes_per_event": 1750.0,
-            "wal_fpi_per_event": 0.01,
+            "wal_fpi_bytes_per_event": 100.0,
             "server_us_per_event": 200.0,  # milliseconds in, microseconds per event out
         }
     )
 
 
-def test_the_servers_time_is_left_out_when_a_reading_lacks_it() -> None:
-    before = Reading(0, 0, 0, 0, server_ms=None)
-    after = Reading(10, 0, 1000, 1100, server_ms=5.0)
-    figures = write_path.per_event(before, after, 10)
-    assert "server_us_per_event" not in figures
-    assert figures["wal_records_per_event"] == 1.0
+def test_what_could_not_be_read_is_left_out() -> None:
+    before = Reading(0, server_ms=None)
+    after = Reading(1100, server_ms=5.0)
+    figures = write_path.per_event(before, after, None, 10)
+    assert figures == {"wal_lsn_bytes_per_event": 110.0}
 
 
 def test_the_servers_time_is_left_out_when_entries_were_evicted_meanwhile() -> None:
-    before = Reading(0, 0, 0, 0, server_ms=1.0, evictions=2)
-    assert "server_us_per_event" not in write_path.per_event(
-        before, Reading(10, 0, 1000, 1100, server_ms=5.0, evictions=3), 10
-    )
-    assert write_path.per_event(before, Reading(10, 0, 1000, 1100, server_ms=5.0, evictions=2), 10)[
-        "server_us_per_event"
-    ] == pytest.approx(400.0)
+    before = Reading(0, server_ms=1.0, evictions=2)
+    evicted = Reading(1100, server_ms=5.0, evictions=3)
+    assert "server_us_per_event" not in write_path.per_event(before, evicted, None, 10)
+    kept = Reading(1100, server_ms=5.0, evictions=2)
+    figures = write_path.per_event(before, kept, None, 10)
+    assert figures["server_us_per_event"] == pytest.approx(400.0)
 
 
 def test_a_phase_without_events_is_refused() -> None:
-    reading = Reading(0, 0, 0, 0, None)
+    reading = Reading(0, None)
     with pytest.raises(ValueError, match="0 events"):
-        write_path.per_event(reading, reading, 0)
+        write_path.per_event(reading, reading, None, 0)
 
 
 def test_each_phase_is_the_median_of_its_repetitions() -> None:
@@ -123,5 +116,5 @@ def test_the_report_shows_both_phases_and_the_targets() -> None:
     text = _markdown(results)
     assert "| WAL records per event | 23.0 (22.0 to 24.0 over 3 reps) | 7.1 (7.1 to 7.1" in text
     assert "| Postgres' time per event (top-level statements) | 214.0 (" in text
-    assert "| WAL bytes per event | not measured | not measured |" in text
+    assert "| of which full-page images | not measured | not measured |" in text
     assert "| WAL records per matched event <= 12 | NO |" in text
