@@ -1042,7 +1042,8 @@ WRITE_PATH_MISSING = {
     " the role create it)",
     "pg_walinspect": "write_path: wal_records_per_event, wal_bytes_per_event and"
     " wal_fpi_bytes_per_event not measured (pg_walinspect could not be created in the"
-    " benchmark's databases, or the role may not read the WAL); wal_lsn_bytes_per_event is",
+    " benchmark's databases, or the role may not read the WAL); wal_lsn_bytes_per_event is"
+    " measured all the same",
 }
 
 

@@ -37,7 +37,13 @@ WAL_RECORDS_TARGET = 12.0
 WAL_BYTES_TARGET = 1700.0
 PIPE_SHARE_TARGET = 0.8
 
-EXTENSIONS = ("pg_stat_statements", "pg_walinspect")
+# The extensions read, each with a query that tells whether it can be used.
+USABLE = {
+    "pg_stat_statements": "SELECT count(*) >= 0 FROM pg_stat_statements",
+    "pg_walinspect": (
+        "SELECT has_function_privilege('pg_get_wal_stats(pg_lsn, pg_lsn, boolean)', 'EXECUTE')"
+    ),
+}
 THIS_DB = "(SELECT oid FROM pg_database WHERE datname = current_database())"
 STATEMENTS_SQL = (
     "SELECT coalesce(sum(total_exec_time + total_plan_time), 0),"
@@ -155,20 +161,18 @@ def targets(
 
 def enable(url: str) -> dict[str, bool]:
     """pg_stat_statements and pg_walinspect in the database at ``url`` (the template every
-    phase's database is copied from): whether each could be created (the first needs the
-    server to preload it; both, a role allowed to create and use them)."""
-    created = {}
+    phase's database is copied from): whether each could be created and used (the first
+    needs the server to preload it; the second, a role that may read the WAL)."""
+    usable = {}
     with psycopg.connect(url, autocommit=True) as conn:
-        for name in EXTENSIONS:
+        for name, check in USABLE.items():
             try:
                 conn.execute(f"CREATE EXTENSION IF NOT EXISTS {name}")
-                created[name] = True
+                row = conn.execute(check).fetchone()
+                usable[name] = row is not None and bool(row[0])
             except psycopg.Error:
-                created[name] = False
-        with contextlib.suppress(psycopg.Error):
-            conn.execute(STATEMENTS_SQL).fetchone()
-            return created
-    return created | {"pg_stat_statements": False}
+                usable[name] = False
+    return usable
 
 
 def untracked(conn: psycopg.Connection[Any]) -> None:
