@@ -71,6 +71,34 @@ def _cpu_rows(f: dict[str, Any]) -> list[str]:
     return rows
 
 
+# What Postgres wrote and spent per event (bench/write_path.py): figure -> (label, format).
+WRITE_PATH = {
+    "wal_records_per_event": ("WAL records per event", ".1f"),
+    "wal_bytes_per_event": ("WAL bytes per event (the records')", ",.0f"),
+    "wal_lsn_bytes_per_event": ("WAL bytes per event (the insert position's move)", ",.0f"),
+    "wal_fpi_bytes_per_event": ("of which full-page images", ",.0f"),
+    "server_us_per_event": ("Postgres' time per event (top-level statements)", ",.1f"),
+}
+
+
+def _write_path_rows(results: dict[str, Any]) -> list[str]:
+    """The write path's table, r_matcher beside the pipe's floor, with each figure's spread
+    over the repetitions; empty for results from before it was measured."""
+    measured = results.get("write_path") or {}
+    if not measured:
+        return []
+    runs = results.get("runs", {})
+    rows = ["", "| write path | r_matcher | r_pipe |", "|---|---|---|"]
+    for name, (label, fmt) in WRITE_PATH.items():
+        cells = []
+        for phase in ("matcher", "pipe"):
+            value = measured.get(phase, {}).get(name)
+            spread = _spread(runs.get(f"write_path_{phase}_{name}", []), fmt)
+            cells.append("not measured" if value is None else f"{value:{fmt}}{spread}")
+        rows.append(f"| {label} | {' | '.join(cells)} |")
+    return rows
+
+
 def _ratio_row(results: dict[str, Any], name: str, value: float | None) -> str:
     if value is None:
         return f"| {name} | not measured (see the notes) |"
@@ -94,10 +122,16 @@ def _markdown(results: dict[str, Any]) -> str:
         unit = "ms" if key.endswith("_ms") else "events/s"
         lines.append(f"| {key} | {f[key]:,.1f} {unit} |")
     lines.append(f"| daemon peak RSS | {f['rss_peak_bytes'] / 2**20:.0f} MiB |")
+    lines += _write_path_rows(results)
     lines += ["", "| ratio | value |", "|---|---|"]
     lines += [_ratio_row(results, k, v) for k, v in r.items()]
     lines += ["", "| target | met |", "|---|---|"]
     lines += [f"| {k} | {'yes' if v else 'NO'} |" for k, v in results["targets"].items()]
+    if results.get("write_path_targets"):
+        lines += ["", "| write path target | met |", "|---|---|"]
+        lines += [
+            f"| {k} | {'yes' if v else 'NO'} |" for k, v in results["write_path_targets"].items()
+        ]
     if results.get("phase_seconds"):
         lines += ["", "| phase | wall time |", "|---|---|"]
         lines += [f"| {k} | {v:,.0f} s |" for k, v in results["phase_seconds"].items()]

@@ -46,7 +46,7 @@ from psycopg.types.json import Jsonb
 from rich.console import Console
 from rich.progress import Progress
 
-from bench import cpu, drift, jit, pressure, worker
+from bench import cpu, drift, jit, pressure, worker, write_path
 from bench.cluster import ClusterUnavailable, private_cluster, replication
 from bench.paced import PacedProducer, SignedEvent
 from bench.peers import PAYLOAD
@@ -132,6 +132,10 @@ class Results:
     notes: list[str] = field(default_factory=list)
     # Wall-clock seconds of each phase, in order: where a run's minutes go.
     phase_seconds: dict[str, float] = field(default_factory=dict)
+    # What Postgres wrote and spent per event in r_matcher and r_pipe (bench.write_path),
+    # medians of the repetitions, and the issue's targets on them.
+    write_path: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    write_path_targets: dict[str, bool] = field(default_factory=dict)
 
 
 class Env:
@@ -142,6 +146,8 @@ class Env:
         self.databases: list[str] = []
         self.preloaded: dict[int, str] = {}  # rows of history -> its template's name
         self.topics: list[str] = []
+        # The extensions bench.write_path reads, and whether the phases' databases have them.
+        self.extensions: dict[str, bool] = {}
         # The CPU of the Postgres and Kafka servers, where they run on this machine.
         self.server_cpu = cpu.server_readers(self.admin_url, self.kafka)
         # The broker's process, where its JIT compiler can be read (bench/jit.py).
@@ -163,6 +169,9 @@ class Env:
     def setup(self) -> None:
         self.admin(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.template)))
         migrate(self.url(self.template))
+        # Every phase's database is a copy of the template: the WAL and the server's time
+        # per event are read there (bench.write_path).
+        self.extensions = write_path.enable(self.url(self.template))
 
     def fresh_db(self, preload_rows: int = 0) -> str:
         """A new database for the next measurement, holding ``preload_rows`` of history
@@ -398,11 +407,19 @@ async def r_pg(env: Env, records: list[Any]) -> float:
         return len(records) / (time.perf_counter() - started)
 
 
-async def r_pipe(env: Env, topic: str, n: int, cpu_use: CpuUse | None = None) -> float:
+async def r_pipe(
+    env: Env,
+    topic: str,
+    n: int,
+    cpu_use: CpuUse | None = None,
+    wal_use: dict[str, float] | None = None,
+) -> float:
     """Kafka to Postgres with nothing in between: a batch read, inserted, committed, and
     its offsets committed. ``cpu_use`` gets the CPU per event of each process, from the
-    first batch on (the client is this process)."""
+    first batch on (the client is this process); ``wal_use``, what Postgres wrote and
+    spent per event (bench.write_path), until its connection is gone."""
     url = env.fresh_db()
+    wal_before = write_path.read(url, before=True) if wal_use is not None else None
     meter = cpu.Meter({**env.server_cpu, "client": cpu.own_cpu_s}, time.perf_counter)
     async with await psycopg.AsyncConnection.connect(url) as conn:
 
@@ -416,7 +433,9 @@ async def r_pipe(env: Env, topic: str, n: int, cpu_use: CpuUse | None = None) ->
         rate = n / await consume(env, topic, n, handle)
         if cpu_use is not None:
             cpu_use.update(meter.stop().us_per_event(n))
-        return rate
+    if wal_before is not None and wal_use is not None:
+        wal_use.update(write_path.measure(url, wal_before, n))
+    return rate
 
 
 async def r_naive(env: Env, topic: str, events: list[Any], n: int) -> float:
@@ -551,6 +570,7 @@ async def r_matcher(
     cpu_use: CpuUse | None = None,
     kept: dict[str, str] | None = None,
     fan_in: bool = False,
+    wal_use: dict[str, float] | None = None,
 ) -> tuple[float, int]:
     """The daemon end to end: (events/s until every resume is published, peak RSS bytes of
     the largest daemon). ``daemons`` processes share the work as one consumer group.
@@ -559,7 +579,9 @@ async def r_matcher(
     ``kept`` gets the run's database URL and resume topic.
     ``cpu_use`` gets the CPU per event of each process, from the first stored batch on
     (the events stored before the meter started are not counted in it; it stays empty
-    when the first batch held them all)."""
+    when the first batch held them all).
+    ``wal_use`` gets what Postgres wrote and spent per event (bench.write_path), from
+    after the waits' registration until the daemons' connections are gone."""
     url = env.fresh_db(preload_rows)
     correlations = [c for c, *_ in events]
     if fan_in:
@@ -567,6 +589,7 @@ async def r_matcher(
     else:
         await register_waits(url, correlations)
     want = len(events) // 2 if fan_in else len(events)
+    wal_before = write_path.read(url, before=True) if wal_use is not None else None
     resumes = await env.topic("resumes")
     if kept is not None:  # for the worker's measurement after this one
         kept.update(url=url, resumes=resumes)
@@ -580,24 +603,8 @@ async def r_matcher(
         },
         time.perf_counter,
     )
-    stored_at_start: int | None = None
     try:
-        with psycopg.connect(url, autocommit=True) as conn:
-            while not _all_published(conn, want):
-                if stored_at_start is None:
-                    stored_at_start = _stored_count(conn)
-                    if stored_at_start is not None:
-                        meter.start()
-                refused = conn.execute("SELECT count(*) FROM matcher.quarantine").fetchone()
-                if refused and refused[0]:
-                    raise RuntimeError(f"{refused[0]} benchmark events were quarantined")
-                for daemon in running:
-                    if daemon.process.poll() is not None:
-                        raise RuntimeError(
-                            "daemon died: "
-                            + (daemon.process.stderr.read() if daemon.process.stderr else "")
-                        )
-                await asyncio.sleep(0.02)
+        stored_at_start = await _until_published(url, want, running, meter)
         finished = time.time()
         counted = len(events) - (stored_at_start or len(events))
         if cpu_use is not None and counted > 0:
@@ -606,9 +613,37 @@ async def r_matcher(
     finally:
         for daemon in running:
             daemon.stop()
+    if wal_before is not None and wal_use is not None:  # the daemons' backends gone first
+        wal_use.update(write_path.measure(url, wal_before, len(events)))
     # Timed like r_kafka and r_pipe: from the first batch consumed (the first inbox row's
     # transaction), not from process start, so the group join is excluded for all of them.
     return len(events) / (finished - _first_stored(url, topic)), rss
+
+
+async def _until_published(
+    url: str, want: int, running: list[Daemon], meter: cpu.Meter
+) -> int | None:
+    """Poll until ``want`` resumes are published, starting ``meter`` with the first stored
+    batch; the events stored by then (None: the first poll found them all published)."""
+    stored_at_start: int | None = None
+    with psycopg.connect(url, autocommit=True) as conn:
+        write_path.untracked(conn)  # its polls are no part of the daemon's server time
+        while not _all_published(conn, want):
+            if stored_at_start is None:
+                stored_at_start = _stored_count(conn)
+                if stored_at_start is not None:
+                    meter.start()
+            refused = conn.execute("SELECT count(*) FROM matcher.quarantine").fetchone()
+            if refused and refused[0]:
+                raise RuntimeError(f"{refused[0]} benchmark events were quarantined")
+            for daemon in running:
+                if daemon.process.poll() is not None:
+                    raise RuntimeError(
+                        "daemon died: "
+                        + (daemon.process.stderr.read() if daemon.process.stderr else "")
+                    )
+            await asyncio.sleep(0.02)
+    return stored_at_start
 
 
 async def r_worker(env: Env, url: str, resume_topic: str, want: int) -> float:
@@ -1001,6 +1036,17 @@ PEER_NOTE = (
 )
 
 
+WRITE_PATH_MISSING = {
+    "pg_stat_statements": "write_path: server_us_per_event not measured (pg_stat_statements"
+    " could not be created in the benchmark's databases: the server must preload it, and"
+    " the role create it)",
+    "pg_walinspect": "write_path: wal_records_per_event, wal_bytes_per_event and"
+    " wal_fpi_bytes_per_event not measured (pg_walinspect could not be created in the"
+    " benchmark's databases, or the role may not read the WAL); wal_lsn_bytes_per_event is"
+    " measured all the same",
+}
+
+
 def _median(values: list[float]) -> float:
     return float(statistics.median(values))
 
@@ -1050,14 +1096,22 @@ async def _throughput_repetition(
     runs.setdefault("r_kafka", []).append(await r_kafka(env, work.topic, plan.n))
     runs.setdefault("r_pg", []).append(await r_pg(env, work.records))
     pipe_cpu: CpuUse = {}
-    runs.setdefault("r_pipe", []).append(await r_pipe(env, work.topic, plan.n, pipe_cpu))
+    pipe_wal: dict[str, float] = {}
+    runs.setdefault("r_pipe", []).append(
+        await r_pipe(env, work.topic, plan.n, pipe_cpu, wal_use=pipe_wal)
+    )
+    write_path.record(runs, "pipe", pipe_wal)
     runs.setdefault("r_naive", []).append(
         await r_naive(env, work.naive_topic, work.naive_events, plan.naive_n)
     )
     matcher_cpu: CpuUse = {}
     kept: dict[str, str] = {}
-    rate, rss = await r_matcher(env, work.topic, work.events, cpu_use=matcher_cpu, kept=kept)
+    matcher_wal: dict[str, float] = {}
+    rate, rss = await r_matcher(
+        env, work.topic, work.events, cpu_use=matcher_cpu, kept=kept, wal_use=matcher_wal
+    )
     runs.setdefault("r_matcher", []).append(rate)
+    write_path.record(runs, "matcher", matcher_wal)
     worker_rate = await r_worker(env, kept["url"], kept["resumes"], len(work.events))
     runs.setdefault("r_worker", []).append(worker_rate)
     fan_in_rate, _ = await r_matcher(env, work.topic, work.events, fan_in=True)
@@ -1265,7 +1319,9 @@ RF3_FIGURES = ("r_matcher_kafka_rf3", "r_kafka_rf3")
 
 
 def _figures(runs: dict[str, list[float]], samples: dict[str, list[float]]) -> dict[str, Any]:
-    figures: dict[str, Any] = {k: _median(v) for k, v in runs.items()}
+    figures: dict[str, Any] = {
+        k: _median(v) for k, v in runs.items() if not k.startswith("write_path_")
+    }
     figures["rss_peak_bytes"] = max(runs["rss_bytes"])
     for name in RF3_FIGURES:  # null when the cluster was not measured
         figures.setdefault(name, None)
@@ -1425,6 +1481,13 @@ async def run(plan: Plan, out_dir: Path) -> Path:
         "matcher_rf3_over_single": _rf3_ratio(results.figures),
         **_peer_ratios(plan, results.figures),
     }
+    results.write_path = write_path.summary(results.runs, _median)
+    results.write_path_targets = write_path.targets(
+        results.write_path, ratios.get("matcher_over_pipe")
+    )
+    results.notes += [
+        WRITE_PATH_MISSING[name] for name, usable in env.extensions.items() if not usable
+    ]
     from bench.report import write_reports
 
     return write_reports(results.__dict__, out_dir)

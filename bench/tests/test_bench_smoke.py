@@ -8,7 +8,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 
 from tests.support.services import Services
@@ -86,6 +88,29 @@ def test_bench_smoke_produces_every_figure(services: Services, tmp_path: Path) -
     assert 0 <= figures["latency_200_kafka_jit_pct"] <= 100 * (os.cpu_count() or 1)
     # The hypervisor's share of the machine's CPU meanwhile (/proc/stat, any Linux).
     assert 0 <= figures["latency_200_cpu_steal_pct"] <= 100
+    _check_write_path(results, (tmp_path / "results.md").read_text(), services.database_url)
     assert "us of CPU per event" in (tmp_path / "results.md").read_text()
     assert (tmp_path / "results.md").read_text().startswith("| figure |")
     assert (tmp_path / "results.png").stat().st_size > 10_000
+
+
+def _check_write_path(results: dict[str, Any], markdown: str, url: str) -> None:
+    """What Postgres wrote and spent per event (bench/write_path.py), the daemon's and the
+    pipe's: an event's inbox row alone is several WAL records and most of a kilobyte. The
+    server's time needs pg_stat_statements preloaded; without it, a note says so."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SHOW shared_preload_libraries").fetchone()
+    timed = row is not None and "pg_stat_statements" in row[0]
+    if not timed:
+        assert any("server_us_per_event not measured" in note for note in results["notes"])
+    for phase in ("matcher", "pipe"):
+        measured = results["write_path"][phase]
+        assert measured["wal_records_per_event"] > 3, phase
+        assert measured["wal_bytes_per_event"] > 500, phase
+        assert measured["wal_lsn_bytes_per_event"] > 500, phase
+        assert measured["wal_fpi_bytes_per_event"] >= 0, phase
+        assert not timed or measured["server_us_per_event"] > 0, phase
+    matcher, pipe = results["write_path"]["matcher"], results["write_path"]["pipe"]
+    assert matcher["wal_records_per_event"] > pipe["wal_records_per_event"]
+    assert len(results["write_path_targets"]) == 3
+    assert "| WAL records per event |" in markdown
