@@ -474,13 +474,12 @@ async def r_naive(env: Env, topic: str, events: list[Any], n: int) -> float:
                 if wait:
                     await conn.execute(
                         "UPDATE matcher.waits SET state = 'matched', resolved_at = now(),"
-                        " resolution = 'event' WHERE id = %s AND state = 'waiting'",
+                        " resolution = 'event', resolution_id = gen_random_uuid(),"
+                        " outcome = 'event' WHERE id = %s AND state = 'waiting'",
                         [wait[0]],
                     )
                     await conn.execute(
-                        "INSERT INTO matcher.outbox (wait_id, tenant, run_id, outcome)"
-                        " VALUES (%s, 'acme', %s, 'event')",
-                        [wait[0], wait[1]],
+                        "INSERT INTO matcher.resume_queue (wait_id) VALUES (%s)", [wait[0]]
                     )
                 await conn.commit()
                 await consumer.commit(offsets([r]))
@@ -528,18 +527,17 @@ class Daemon:
 
 
 def _all_published(conn: psycopg.Connection[Any], want: int) -> bool:
-    """Whether ``want`` resumes are published: two index lookups per poll, so that polling
-    every 20 ms does not take the database's CPU from the daemon it measures."""
+    """Whether ``want`` resumes are published: two probes of small tables per poll (no wait
+    open, no resume queued), so that polling every 20 ms does not take the database's CPU
+    from the daemon it measures."""
     row = conn.execute(
-        "SELECT (SELECT max(id) FROM matcher.outbox),"
-        " EXISTS (SELECT 1 FROM matcher.outbox WHERE published_at IS NULL)"
+        "SELECT EXISTS (SELECT 1 FROM matcher.open_waits),"
+        " EXISTS (SELECT 1 FROM matcher.resume_queue)"
     ).fetchone()
-    if row is None or row[0] is None or row[0] < want or row[1]:
+    if row is None or row[0] or row[1]:
         return False
-    # Identities can skip values (a retried batch), so confirm once with an exact count.
-    exact = conn.execute(
-        "SELECT count(*) FROM matcher.outbox WHERE published_at IS NOT NULL"
-    ).fetchone()
+    # Every wait resolved and no resume queued: confirm once with an exact count.
+    exact = conn.execute("SELECT count(*) FROM matcher.resolutions WHERE published").fetchone()
     return exact is not None and exact[0] >= want
 
 
@@ -665,10 +663,10 @@ async def r_worker(env: Env, url: str, resume_topic: str, want: int) -> float:
 
 # The percentiles each latency run reports, of the whole path and of each of its stages.
 PERCENTILES = {"p50": 0.50, "p95": 0.95, "p99": 0.99}
-# The stages of event published -> resume published, told apart by the timestamps matcher
-# keeps: the inbox row's received_at is when the ingest transaction began; the outbox
-# row's published_at, when the relay's transaction that claimed it began.
-STAGES = ("stored", "claimed", "published")
+# The stages of event published -> resume published, told apart by the timestamp matcher
+# keeps: the inbox row's received_at is when the ingest transaction began. (The relay
+# keeps no time of its claim since migration 0026: its mark is the queue row's delete.)
+STAGES = ("stored", "published")
 # Each latency run first sends this many seconds of events at its rate, not counted.
 WARM_UP_S = 1.0
 # Each repetition of the Kafka floor's latency run lasts at most this long.
@@ -685,16 +683,15 @@ def _percentiles(seconds: list[float]) -> dict[str, float]:
     }
 
 
-def _stage_times(url: str) -> dict[str, tuple[float, float]]:
-    """Per correlation id: (ingest transaction began, relay claim began), epoch seconds."""
+def _stage_times(url: str) -> dict[str, float]:
+    """Per correlation id: when the ingest transaction that stored its event began (epoch
+    seconds)."""
     with psycopg.connect(url) as conn:
         rows = conn.execute(
-            "SELECT i.correlation_id, extract(epoch FROM i.received_at),"
-            " extract(epoch FROM o.published_at)"
-            " FROM matcher.inbox AS i"
-            " JOIN matcher.outbox AS o ON o.wait_id = i.consumed_by"
+            "SELECT i.correlation_id, extract(epoch FROM i.received_at)"
+            " FROM matcher.inbox AS i WHERE i.consumed_by IS NOT NULL"
         ).fetchall()
-    return {row[0]: (float(row[1]), float(row[2])) for row in rows}
+    return {row[0]: float(row[1]) for row in rows}
 
 
 async def _resumes_until(
@@ -878,20 +875,19 @@ async def pipe_latency(env: Env, rate: int, seconds: float) -> dict[str, Any]:
 def _by_stage(
     sent: list[tuple[str, float]],
     resumed: dict[str, float],
-    stages: dict[str, tuple[float, float]],
+    stages: dict[str, float],
 ) -> tuple[list[float], dict[str, list[float]]]:
     """Each resumed event's latency (in the order sent), and its parts by stage (STAGES):
-    sent -> stored, stored -> claimed, claimed -> resume published."""
+    sent -> stored, stored -> resume published."""
     whole: list[float] = []
     parts: dict[str, list[float]] = {name: [] for name in STAGES}
     for correlation, sent_at in sent:
         if correlation not in resumed:
             continue
         whole.append(resumed[correlation] - sent_at)
-        stored, claimed = stages[correlation]
+        stored = stages[correlation]
         parts["stored"].append(stored - sent_at)
-        parts["claimed"].append(claimed - stored)
-        parts["published"].append(resumed[correlation] - claimed)
+        parts["published"].append(resumed[correlation] - stored)
     return whole, parts
 
 

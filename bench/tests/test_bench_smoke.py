@@ -52,7 +52,7 @@ def test_bench_smoke_produces_every_figure(services: Services, tmp_path: Path) -
     assert results["ratios"]["scale_2000_over_0"] == results["ratio_runs"]["scale_2000_over_0"][0]
     assert len(results["runs"]["scale_0_r_matcher"]) == 1
     # The latency's stages, and the Kafka floor beside it, at the smoke run's one rate.
-    for stage in ("", "stored_", "claimed_", "published_"):
+    for stage in ("", "stored_", "published_"):
         assert figures[f"latency_200_{stage}p99_ms"] > 0, stage
     assert 0 < figures["latency_kafka_200_p50_ms"] < figures["latency_200_p50_ms"]
     # The pipe's floor (bench/pipe.py) in windows alternating with matcher's, each pair's
