@@ -136,7 +136,8 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 
 def _set_up(conn: psycopg.Connection[Any], world: World) -> None:
     conn.execute(
-        "TRUNCATE matcher.resume_queue, matcher.open_waits, matcher.launch_audit, matcher.launches, matcher.inbox,"
+        "TRUNCATE matcher.resume_queue, matcher.open_waits, matcher.launch_audit,"
+        " matcher.launches, matcher.inbox,"
         " matcher.event_ids, matcher.quarantine, matcher.waits, matcher.match_queue"
     )
     for g, (needed, (tenant, correlation)) in world.groups.items():

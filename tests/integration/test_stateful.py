@@ -146,7 +146,8 @@ class Matching(RuleBasedStateMachine):
         self.loop = asyncio.new_event_loop()
         self.conn = psycopg.connect(url, autocommit=True)
         self.conn.execute(
-            "TRUNCATE matcher.resume_queue, matcher.open_waits, matcher.launch_audit, matcher.launches, matcher.inbox,"
+            "TRUNCATE matcher.resume_queue, matcher.open_waits, matcher.launch_audit,"
+            " matcher.launches, matcher.inbox,"
             " matcher.event_ids,"
             " matcher.quarantine, matcher.waits, matcher.runs, matcher.match_queue"
         )
