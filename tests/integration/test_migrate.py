@@ -27,7 +27,9 @@ def test_migrate_applies_then_is_a_noop(empty_db: str) -> None:
     everything = load_migrations()
     applied = migrate(empty_db)
     assert [m.version for m in applied] == [m.version for m in everything]
-    assert {"waits", "inbox", "outbox", "runs", "quarantine"} <= _tables(empty_db)
+    assert {"waits", "inbox", "resume_queue", "open_waits", "runs", "quarantine"} <= _tables(
+        empty_db
+    )
     assert migrate(empty_db) == []
     assert _versions(empty_db) == [m.version for m in everything]
 
