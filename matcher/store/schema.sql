@@ -1511,6 +1511,55 @@ CREATE TABLE matcher.console_sessions (
 
 
 --
+-- Name: correlated_events; Type: VIEW; Schema: matcher; Owner: -
+--
+
+CREATE VIEW matcher.correlated_events AS
+ SELECT i.producer,
+    i.event_id,
+    i.tenant,
+    i.type,
+    i.correlation_id,
+    i.external_job_id,
+    i.occurred_at,
+    i.received_at,
+    i.kafka_topic,
+    i.kafka_partition,
+    i.kafka_offset,
+    i.data,
+    i.status,
+    i.consumed_by,
+    i.late_for,
+    i.status_at,
+    i.trace_parent,
+    i.progress_for
+   FROM matcher.inbox i
+  WHERE (i.status <> 'consumed'::text)
+UNION ALL
+ SELECT i.producer,
+    i.event_id,
+    i.tenant,
+    i.type,
+    w.correlation_id,
+    i.external_job_id,
+    i.occurred_at,
+    i.received_at,
+    i.kafka_topic,
+    i.kafka_partition,
+    i.kafka_offset,
+    i.data,
+    i.status,
+    i.consumed_by,
+    i.late_for,
+    i.status_at,
+    i.trace_parent,
+    i.progress_for
+   FROM (matcher.waits w
+     JOIN matcher.inbox i ON (((i.producer = w.resolved_by_producer) AND (i.event_id = w.resolved_by_event_id) AND (i.received_at = w.resolved_by_received_at))))
+  WHERE ((w.resolution = 'event'::text) AND (i.status = 'consumed'::text) AND (i.consumed_by = w.id));
+
+
+--
 -- Name: event_ids; Type: TABLE; Schema: matcher; Owner: -
 --
 

@@ -18,19 +18,8 @@ LIMIT %(limit)s;
 SELECT producer, event_id, tenant, type, correlation_id, external_job_id, occurred_at,
        received_at, kafka_topic, kafka_partition, kafka_offset, data, status,
        consumed_by, late_for, progress_for
-FROM (
-    -- The events not consumed on arrival (inbox_by_correlation holds only those) ...
-    SELECT i.* FROM matcher.inbox AS i
-    WHERE i.correlation_id = ANY (%(correlation_ids)s::text[]) AND i.status <> 'consumed'
-    UNION ALL
-    -- ... and the consumed ones, through the waits that consumed them (waits_match).
-    SELECT i.* FROM matcher.waits AS w
-    JOIN matcher.inbox AS i
-      ON i.producer = w.resolved_by_producer AND i.event_id = w.resolved_by_event_id
-      AND i.received_at = w.resolved_by_received_at
-    WHERE w.correlation_id = ANY (%(correlation_ids)s::text[]) AND w.resolution = 'event'
-      AND i.status = 'consumed' AND i.consumed_by = w.id
-) AS e
+FROM matcher.correlated_events
+WHERE correlation_id = ANY (%(correlation_ids)s::text[])
 ORDER BY received_at, producer, event_id
 LIMIT %(limit)s;
 
@@ -153,20 +142,9 @@ LIMIT %(limit)s;
 SELECT producer, event_id, tenant, type, correlation_id, external_job_id, occurred_at,
        received_at, kafka_topic, kafka_partition, kafka_offset, data, status,
        consumed_by, late_for, progress_for
-FROM (
-    -- The events not consumed on arrival (inbox_by_correlation holds only those) ...
-    SELECT i.* FROM matcher.inbox AS i
-    WHERE i.correlation_id = %(correlation_id)s AND i.status <> 'consumed'
-    UNION ALL
-    -- ... and the consumed ones, through the waits that consumed them (waits_match).
-    SELECT i.* FROM matcher.waits AS w
-    JOIN matcher.inbox AS i
-      ON i.producer = w.resolved_by_producer AND i.event_id = w.resolved_by_event_id
-      AND i.received_at = w.resolved_by_received_at
-    WHERE w.correlation_id = %(correlation_id)s AND w.resolution = 'event'
-      AND i.status = 'consumed' AND i.consumed_by = w.id
-) AS e
-WHERE (%(job_id)s::text IS NULL OR external_job_id = %(job_id)s)
+FROM matcher.correlated_events
+WHERE correlation_id = %(correlation_id)s
+  AND (%(job_id)s::text IS NULL OR external_job_id = %(job_id)s)
 ORDER BY received_at DESC, producer, event_id
 LIMIT %(limit)s OFFSET %(offset)s;
 

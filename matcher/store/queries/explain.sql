@@ -17,19 +17,8 @@ SELECT producer, event_id, tenant, type, correlation_id, external_job_id, occurr
        -- Whether its data satisfies the wait's condition (NULL: the wait has none).
        CASE WHEN %(condition)s::text IS NOT NULL
             THEN matcher.condition_holds(data, %(condition)s::jsonpath) END AS meets_condition
-FROM (
-    -- The events not consumed on arrival (inbox_by_correlation holds only those) ...
-    SELECT i.* FROM matcher.inbox AS i
-    WHERE i.correlation_id = ANY (%(correlation_ids)s::text[]) AND i.status <> 'consumed'
-    UNION ALL
-    -- ... and the consumed ones, through the waits that consumed them (waits_match).
-    SELECT i.* FROM matcher.waits AS w
-    JOIN matcher.inbox AS i
-      ON i.producer = w.resolved_by_producer AND i.event_id = w.resolved_by_event_id
-      AND i.received_at = w.resolved_by_received_at
-    WHERE w.correlation_id = ANY (%(correlation_ids)s::text[]) AND w.resolution = 'event'
-      AND i.status = 'consumed' AND i.consumed_by = w.id
-) AS e
+FROM matcher.correlated_events
+WHERE correlation_id = ANY (%(correlation_ids)s::text[])
 ORDER BY received_at, producer, event_id
 LIMIT 200;
 

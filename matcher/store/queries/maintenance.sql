@@ -107,7 +107,7 @@ WITH chunk AS (
     RETURNING 1
 )
 SELECT producer, event_id, (SELECT count(*) FROM chunk) AS n,
-       (SELECT count(*) FROM forgotten) AS deleted, (SELECT count(*) FROM digested) AS digested
+       (SELECT count(*) FROM forgotten) AS deleted
 FROM chunk
 ORDER BY producer DESC, event_id DESC
 LIMIT 1;
